@@ -1,0 +1,227 @@
+"""The capture file: MAGIC, then varint-length-delimited `Record` protobuf messages (aiflame_capture.proto).
+
+The writer streams records as they are collected (so a long capture's memory stays bounded) and ends with a
+Footer; the reader rejects foreign, truncated or corrupt files with one clear CaptureError line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from google.protobuf.message import DecodeError
+
+from aiflame.agent import aiflame_capture_pb2 as pb
+from aiflame.raw import (
+    Capture,
+    CaptureFooter,
+    CaptureHeader,
+    Mapping,
+    ProcessSnapshot,
+    RawSample,
+)
+
+MAGIC = b"AIFLCAP\n"
+FORMAT_VERSION = 1
+MAX_RECORD = 64 << 20  # no single record is near this; larger means a corrupt length
+
+
+class CaptureError(Exception):
+    """A capture file cannot be read or written; the message is one user-facing line."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def header_to_pb(h: CaptureHeader) -> pb.Header:
+    m = pb.Header(
+        format_version=h.format_version, aiflame_version=h.aiflame_version, host=h.host, kernel=h.kernel,
+        machine=h.machine, frequency_hz=h.frequency_hz, event=h.event, start_wall_ns=h.start_wall_ns,
+        start_mono_ns=h.start_mono_ns, target=h.target,
+    )
+    m.argv.extend(h.argv)
+    m.meta.update(h.meta)
+    return m
+
+
+def sample_to_pb(s: RawSample) -> pb.Sample:
+    return pb.Sample(
+        time_ns=s.time_ns, pid=s.pid, tid=s.tid, cpu=s.cpu, comm=s.comm, user=s.user, kern=s.kern,
+        user_err=s.user_err, kern_err=s.kern_err, weight=0 if s.weight == 1 else s.weight,
+    )
+
+
+def process_to_pb(p: ProcessSnapshot) -> pb.Process:
+    m = pb.Process(pid=p.pid, ppid=p.ppid, comm=p.comm, exe=p.exe, time_ns=p.time_ns, exec_seq=p.exec_seq)
+    m.cmdline.extend(p.cmdline)
+    for mp in p.mappings:
+        m.mappings.add(start=mp.start, end=mp.end, file_offset=mp.file_offset, path=mp.path,
+                       build_id=mp.build_id, perms=mp.perms)
+    return m
+
+
+def footer_to_pb(f: CaptureFooter) -> pb.Footer:
+    m = pb.Footer(end_wall_ns=f.end_wall_ns, end_mono_ns=f.end_mono_ns, samples=f.samples,
+                  stop_reason=f.stop_reason, agent_cpu_s=f.agent_cpu_s)
+    m.counters.update(f.counters)
+    return m
+
+
+class CaptureWriter:
+    """Streams records to `path` (written as `path.partial`, renamed on close so readers never see half a file)."""
+
+    def __init__(self, path: Path, header: CaptureHeader) -> None:
+        self.path = path
+        self._tmp = path.with_name(path.name + ".partial")
+        try:
+            self._f: BinaryIO = open(self._tmp, "wb")
+        except OSError as e:
+            raise CaptureError(f"cannot write {path}: {e.strerror}") from None
+        self._f.write(MAGIC)
+        self.samples_written = 0
+        self._write(pb.Record(header=header_to_pb(header)))
+
+    def _write(self, rec: pb.Record) -> None:
+        data = rec.SerializeToString()
+        self._f.write(_varint(len(data)))
+        self._f.write(data)
+
+    def add_samples(self, samples: Iterable[RawSample]) -> None:
+        for s in samples:
+            self._write(pb.Record(sample=sample_to_pb(s)))
+            self.samples_written += 1
+
+    def add_process(self, p: ProcessSnapshot) -> None:
+        self._write(pb.Record(process=process_to_pb(p)))
+
+    def add_kernel_symbols(self, symbols: dict[int, str]) -> None:
+        ks = pb.KernelSymbols()
+        for addr, name in sorted(symbols.items()):
+            ks.symbols.add(addr=addr, name=name)
+        self._write(pb.Record(kernel_symbols=ks))
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self, footer: CaptureFooter) -> None:
+        footer.samples = self.samples_written
+        self._write(pb.Record(footer=footer_to_pb(footer)))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self._tmp, self.path)
+
+
+def write_capture(path: Path, cap: Capture) -> None:
+    """Write a whole in-memory capture (tests, conversions)."""
+    w = CaptureWriter(path, cap.header)
+    for p in cap.processes:
+        w.add_process(p)
+    w.add_samples(cap.samples)
+    if cap.kernel_symbols:
+        w.add_kernel_symbols(cap.kernel_symbols)
+    w.close(cap.footer or CaptureFooter())
+
+
+def iter_records(data: bytes, name: str = "capture") -> Iterator[pb.Record]:
+    """Decode the records of a capture held in memory; raises CaptureError on anything malformed."""
+    if not data.startswith(MAGIC):
+        raise CaptureError(f"{name}: not an aiflame capture (bad magic)")
+    pos, n = len(MAGIC), len(data)
+    idx = 0
+    while pos < n:
+        length = shift = 0
+        while True:
+            if pos >= n:
+                raise CaptureError(f"{name}: truncated at record {idx}")
+            b = data[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+            if shift > 63:
+                raise CaptureError(f"{name}: corrupt record length at record {idx}")
+        if length > MAX_RECORD or pos + length > n:
+            raise CaptureError(f"{name}: truncated at record {idx}")
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(data[pos:pos + length])
+        except DecodeError:
+            raise CaptureError(f"{name}: corrupt record {idx}") from None
+        pos += length
+        idx += 1
+        yield rec
+
+
+def _pb_mapping(m: pb.Mapping) -> Mapping:
+    return Mapping(m.start, m.end, m.file_offset, m.path, m.build_id, m.perms)
+
+
+def read_capture(path: Path) -> Capture:
+    """Read a whole capture file; CaptureError for missing, foreign, newer, truncated or corrupt files."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise CaptureError(f"{name}: is a directory, not a capture file") from None
+    except OSError as e:
+        raise CaptureError(f"{name}: {e.strerror}") from None
+    cap: Capture | None = None
+    for i, rec in enumerate(iter_records(data, name)):
+        which = rec.WhichOneof("body")
+        if i == 0:
+            if which != "header":
+                raise CaptureError(f"{name}: corrupt capture (no header)")
+            h = rec.header
+            if h.format_version > FORMAT_VERSION:
+                raise CaptureError(
+                    f"{name}: capture format {h.format_version} is newer than this aiflame reads ({FORMAT_VERSION})"
+                )
+            cap = Capture(CaptureHeader(
+                h.format_version, h.aiflame_version, h.host, h.kernel, h.machine, h.frequency_hz, h.event,
+                h.start_wall_ns, h.start_mono_ns, list(h.argv), h.target, dict(h.meta),
+            ))
+            continue
+        assert cap is not None
+        if cap.footer is not None:
+            raise CaptureError(f"{name}: corrupt capture (records after the footer)")
+        if which == "sample":
+            s = rec.sample
+            cap.samples.append(RawSample(
+                s.time_ns, s.pid, s.tid, s.cpu, s.comm, tuple(s.user), tuple(s.kern), s.user_err, s.kern_err,
+                s.weight or 1,
+            ))
+        elif which == "process":
+            p = rec.process
+            cap.processes.append(ProcessSnapshot(
+                p.pid, p.time_ns, [_pb_mapping(m) for m in p.mappings], p.ppid, p.comm, list(p.cmdline),
+                p.exe, p.exec_seq,
+            ))
+        elif which == "kernel_symbols":
+            cap.kernel_symbols.update((k.addr, k.name) for k in rec.kernel_symbols.symbols)
+        elif which == "footer":
+            f = rec.footer
+            cap.footer = CaptureFooter(f.end_wall_ns, f.end_mono_ns, f.samples, dict(f.counters),
+                                       f.stop_reason, f.agent_cpu_s)
+        # Unknown record kinds (a newer minor writer) are skipped.
+    if cap is None:
+        raise CaptureError(f"{name}: empty capture")
+    if cap.footer is None:
+        raise CaptureError(f"{name}: truncated capture (no footer; the capture did not finish)")
+    if cap.footer.samples != len(cap.samples):
+        raise CaptureError(
+            f"{name}: corrupt capture ({len(cap.samples)} samples, footer says {cap.footer.samples})"
+        )
+    return cap

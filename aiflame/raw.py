@@ -1,0 +1,93 @@
+"""Raw (unsymbolized) records as the collectors produce them and the capture file stores them.
+
+Symbolization turns these into aiflame.model types. Addresses are runtime virtual addresses; stacks are
+leaf first, as the kernel hands them over. This module imports nothing else from aiflame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RawSample:
+    time_ns: int  # CLOCK_MONOTONIC
+    pid: int
+    tid: int
+    cpu: int
+    comm: str
+    user: tuple[int, ...]  # leaf first
+    kern: tuple[int, ...]  # leaf first
+    user_err: int = 0  # negative errno when the user stack lookup failed
+    kern_err: int = 0
+    weight: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    start: int
+    end: int
+    file_offset: int
+    path: str
+    build_id: str = ""
+    perms: str = "r-xp"
+
+    def contains(self, addr: int) -> bool:
+        return self.start <= addr < self.end
+
+
+@dataclass(slots=True)
+class ProcessSnapshot:
+    """The mappings of a process as read at one time (a process can have several snapshots)."""
+
+    pid: int
+    time_ns: int
+    mappings: list[Mapping]
+    ppid: int = 0
+    comm: str = ""
+    cmdline: list[str] = field(default_factory=list)
+    exe: str = ""
+    exec_seq: int = 0
+
+    def find(self, addr: int) -> Mapping | None:
+        for m in self.mappings:
+            if m.start <= addr < m.end:
+                return m
+        return None
+
+
+@dataclass(slots=True)
+class CaptureHeader:
+    format_version: int
+    aiflame_version: str = ""
+    host: str = ""
+    kernel: str = ""
+    machine: str = ""
+    frequency_hz: int = 0
+    event: str = ""
+    start_wall_ns: int = 0
+    start_mono_ns: int = 0
+    argv: list[str] = field(default_factory=list)
+    target: str = ""
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CaptureFooter:
+    end_wall_ns: int = 0
+    end_mono_ns: int = 0
+    samples: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    stop_reason: str = ""
+    agent_cpu_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Capture:
+    """Everything one capture file holds."""
+
+    header: CaptureHeader
+    samples: list[RawSample] = field(default_factory=list)
+    processes: list[ProcessSnapshot] = field(default_factory=list)
+    kernel_symbols: dict[int, str] = field(default_factory=dict)
+    footer: CaptureFooter | None = None
