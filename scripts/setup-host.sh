@@ -58,7 +58,7 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
     say "project installed in .venv"
 else
     say "installing aiflame and its dev dependencies into .venv"
-    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
     .venv/bin/python -m pip install -q -e '.[dev]'
     touch "$stamp"
 fi

@@ -1,0 +1,39 @@
+# aiflame — run `make help` for the targets. Everything runs as root (BPF needs it).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: ## install Debian BCC + headers, link headers, mount tracefs, create .venv (idempotent)
+	@./scripts/setup-host.sh
+
+examples: setup ## build the bundled example workloads (examples/bin/)
+	@$(MAKE) -s -C examples
+
+demo: setup examples ## profile the bundled mini inference loop for 5 s and write a flame graph
+	$(PY) -m aiflame profile -F 199 -o out/demo -- examples/bin/mini_infer 5
+	@echo "open out/demo/profile.svg in a browser"
+
+lint: setup ## ruff and mypy
+	$(PY) -m ruff check aiflame agent symbolize exporters tests bench
+	$(PY) -m mypy aiflame/model.py aiflame/raw.py agent symbolize exporters
+
+test: setup examples ## lint, type-check, unit tests and real BPF integration tests
+	$(MAKE) -s lint
+	$(PY) -m pytest tests
+
+bench: setup examples ## benchmarks (minutes); results go to bench/results/ and BENCHMARKS.md figures
+	$(PY) bench/run.py
+
+proto: setup ## regenerate agent/aiflame_capture_pb2.py from the schema
+	$(PY) -m grpc_tools.protoc -Iagent --python_out=agent agent/aiflame_capture.proto
+
+clean: ## remove build outputs (keeps .venv)
+	rm -rf out build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	@$(MAKE) -s -C examples clean
+
+.PHONY: help setup examples demo lint test bench proto clean

@@ -1,0 +1,260 @@
+"""The `aiflame` command. Subcommands only wire parts together; `main(argv)` is callable from tests."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from aiflame import __version__
+from aiflame.agent.capture import CaptureError, read_capture
+from aiflame.agent.sampler import SamplerConfig, SamplerError, bpf_source
+from aiflame.agent.session import Session, SessionConfig, SessionError, SessionStats
+from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
+from aiflame.exporters.base import ExportError
+from aiflame.exporters.folded import parse_folded
+from aiflame.model import Profile
+from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+
+USER_ERRORS = (CaptureError, SamplerError, SessionError, ExportError, SymbolizeError)
+
+EXAMPLES = """examples:
+  aiflame profile --pid 1234 -d 30            profile a running process for 30 s
+  aiflame profile -F 999 -- ./train.sh --fast start a command and profile it until it exits
+  aiflame export out/profile.aiflame --format speedscope -o prof.json
+  aiflame render out/profile.folded -o flame.svg --opt title="my job"
+  aiflame doctor                              what this host supports
+"""
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return v
+
+
+def _frequency(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= v <= 20000:
+        raise argparse.ArgumentTypeError("must be between 1 and 20000 Hz")
+    return v
+
+
+def _add_view_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("stack view")
+    g.add_argument("--group", choices=("process", "thread", "none"), default="process",
+                   help="root frames: process name (default), process and thread, or none")
+    g.add_argument("--no-kernel", action="store_true", help="leave kernel frames out")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiflame", description="Low-overhead eBPF profiler for AI hosts: CPU stacks and flame graphs.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"aiflame {__version__}")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    p = sub.add_parser("profile", help="capture CPU stacks of a process or a command",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       usage="aiflame profile [options] (--pid PID | -- CMD [ARGS...])")
+    tgt = p.add_argument_group("target")
+    tgt.add_argument("-p", "--pid", type=int, help="profile this running process and all its threads")
+    tgt.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: start CMD and follow its children")
+    smp = p.add_argument_group("sampling")
+    smp.add_argument("-d", "--duration", type=_positive_float, help="seconds to capture (default: until exit/Ctrl-C)")
+    smp.add_argument("-F", "--frequency", type=_frequency, default=99, help="samples per second per CPU (99)")
+    smp.add_argument("--event", choices=("auto", "cpu-clock", "cycles"), default="cpu-clock",
+                     help="perf event to sample on: cpu-clock (default), cycles, or auto (cycles if the PMU has it)")
+    out = p.add_argument_group("output")
+    out.add_argument("-o", "--output", type=Path, help="output directory (default ./aiflame-YYYYmmdd-HHMMSS)")
+    out.add_argument("--formats", default="folded,svg",
+                     help=f"exports written next to the capture, comma-separated (default folded,svg; "
+                          f"known: {', '.join(REGISTRY)})")
+    out.add_argument("--title", help="flame graph title")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress line or summary")
+    out.add_argument("--print-bpf", action="store_true", help="print the BPF program as compiled and exit")
+    _add_view_options(p)
+
+    e = sub.add_parser("export", help="re-export a saved capture in another format")
+    e.add_argument("capture", type=Path, help="a .aiflame capture file")
+    e.add_argument("-f", "--format", required=True, help=f"one of: {', '.join(REGISTRY)}")
+    e.add_argument("-o", "--output", type=Path, help="output file (default: capture name + extension)")
+    e.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="exporter option, repeatable (e.g. --opt minwidth=0.5)")
+    _add_view_options(e)
+
+    r = sub.add_parser("render", help="flame graph SVG from a capture or a folded file")
+    r.add_argument("input", type=Path, help="a .aiflame capture or a folded-stacks file")
+    r.add_argument("-o", "--output", type=Path, required=True, help="SVG file to write")
+    r.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="SVG option, repeatable")
+    _add_view_options(r)
+
+    sub.add_parser("doctor", help="check what this host supports and what to fix")
+    return parser
+
+
+def _fail(console: Console, msg: str, code: int = 1) -> int:
+    console.print(f"[bold red]aiflame: error:[/] {msg}", highlight=False, soft_wrap=True)
+    return code
+
+
+def _view(args: argparse.Namespace) -> StackOptions:
+    return StackOptions(group=args.group, kernel=not args.no_kernel)
+
+
+def _load_profile(path: Path, args: argparse.Namespace) -> Profile:
+    """A capture file, or (for render) a folded file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise CaptureError(f"{path}: {e.strerror}") from None
+    from aiflame.agent.capture import MAGIC
+
+    if head == MAGIC or args.cmd == "export":
+        return symbolize_capture(read_capture(path), options=_view(args))
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise CaptureError(f"{path}: neither an aiflame capture nor a folded-stacks file") from None
+    return parse_folded(text)
+
+
+def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command))
+    if args.print_bpf:
+        print(bpf_source(sampler))
+        return 0
+    if args.pid is not None and command:
+        return _fail(console, "give either --pid PID or -- CMD, not both", 2)
+    if args.pid is None and not command:
+        return _fail(console, "nothing to profile: give --pid PID or -- CMD ARGS", 2)
+    formats = [f for f in args.formats.split(",") if f]
+    for f in formats:
+        if f not in REGISTRY:
+            return _fail(console, f"unknown format {f!r} (known: {', '.join(REGISTRY)})", 2)
+    out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
+    cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
+                        sampler=sampler, argv=["aiflame", *argv])
+    err = Console(stderr=True)
+    progress = _Progress(err, quiet=args.quiet)
+    with progress:
+        result = Session(cfg, on_progress=progress.update).run()
+    prof = symbolize_capture(read_capture(result.capture), options=_view(args))
+    written = [result.capture]
+    for name in formats:
+        options: dict[str, object] = {}
+        if name == "svg":
+            options["title"] = args.title or f"aiflame: {cfg.command and ' '.join(cfg.command) or f'pid {args.pid}'}"
+            options["subtitle"] = (f"{prof.total_weight} samples at {args.frequency} Hz, "
+                                   f"{result.stats.elapsed_s:.1f} s, {result.stop_reason}")
+        exporter = get_exporter(name, **options)
+        path = out_dir / f"{cfg.prefix}{exporter.extension}"
+        exporter.write(prof, path)
+        written.append(path)
+    if not args.quiet:
+        from aiflame.agent.summary import print_summary
+
+        print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s)
+        console.print(f"stopped: {result.stop_reason} after {result.stats.elapsed_s:.1f} s")
+        for p in written:
+            console.print(f"wrote {p}", highlight=False)
+    if result.exit_code not in (None, 0) and not args.quiet:
+        console.print(f"[yellow]the command exited with status {result.exit_code}[/]")
+    return 0
+
+
+class _Progress:
+    """A one-line live status on stderr: elapsed time, samples, lost samples, processes."""
+
+    def __init__(self, console: Console, quiet: bool) -> None:
+        self.console = console
+        self.quiet = quiet or not console.is_terminal
+        self._status = None if self.quiet else console.status("starting BPF sampler…")
+
+    def __enter__(self) -> _Progress:
+        if self._status:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status:
+            self._status.__exit__(None, None, None)
+
+    def update(self, s: SessionStats) -> None:
+        if self._status:
+            self._status.update(f"profiling  {s.elapsed_s:6.1f} s  samples {s.samples}  lost {s.lost}  "
+                                f"processes {s.pids}  (Ctrl-C to stop)")
+
+
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    if args.format not in REGISTRY:
+        return _fail(console, f"unknown format {args.format!r} (known: {', '.join(REGISTRY)})", 2)
+    cls = REGISTRY[args.format]
+    exporter = get_exporter(args.format, **parse_option_values(cls, args.opt))
+    prof = _load_profile(args.capture, args)
+    out = args.output or args.capture.with_suffix(cls.extension)
+    try:
+        exporter.write(prof, out)
+    except OSError as e:
+        raise ExportError(f"cannot write {out}: {e.strerror}") from None
+    console.print(f"wrote {out} ({prof.total_weight} samples)", highlight=False)
+    return 0
+
+
+def cmd_render(args: argparse.Namespace, console: Console) -> int:
+    exporter = get_exporter("svg", **parse_option_values(REGISTRY["svg"], args.opt))
+    prof = _load_profile(args.input, args)
+    try:
+        exporter.write(prof, args.output)
+    except OSError as e:
+        raise ExportError(f"cannot write {args.output}: {e.strerror}") from None
+    console.print(f"wrote {args.output}", highlight=False)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console()
+    err = Console(stderr=True)
+    try:
+        if args.cmd == "profile":
+            return cmd_profile(args, argv, console)
+        if args.cmd == "export":
+            return cmd_export(args, console)
+        if args.cmd == "render":
+            return cmd_render(args, console)
+        if args.cmd == "doctor":
+            from aiflame.agent.doctor import doctor
+
+            return doctor(console)
+        parser.print_help()
+        return 2
+    except USER_ERRORS as e:
+        return _fail(err, str(e))
+    except KeyboardInterrupt:
+        return _fail(err, "interrupted", 130)
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""`aiflame doctor`: what this host supports and how to fix what is missing."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def _root() -> Check:
+    ok = os.geteuid() == 0
+    return Check("root", ok, "running as root" if ok else f"running as uid {os.geteuid()}", "run as root (sudo)")
+
+
+def _bcc() -> Check:
+    try:
+        import bcc
+
+        return Check("bcc", True, f"bcc importable ({os.path.dirname(bcc.__file__)})")
+    except ImportError as e:
+        return Check("bcc", False, f"cannot import bcc: {e}", "make setup (installs python3-bpfcc, makes .venv)")
+
+
+def _headers() -> Check:
+    build = f"/lib/modules/{platform.release()}/build"
+    ok = os.path.isdir(os.path.join(build, "include"))
+    return Check("kernel headers", ok, build + (" -> " + os.path.realpath(build) if ok else " missing"),
+                 "make setup (installs linux-headers-amd64 and links them)")
+
+
+def _tracefs() -> Check:
+    ok = os.path.exists("/sys/kernel/tracing/uprobe_events")
+    return Check("tracefs", ok, "/sys/kernel/tracing" + (" mounted" if ok else " not mounted"),
+                 "mount -t tracefs nodev /sys/kernel/tracing")
+
+
+def _perf() -> Check:
+    try:
+        with open("/proc/sys/kernel/perf_event_paranoid") as f:
+            level = f.read().strip()
+    except OSError:
+        return Check("perf events", False, "no /proc/sys/kernel/perf_event_paranoid", "a kernel with perf events")
+    return Check("perf events", True, f"perf_event_paranoid={level} (root is exempt)")
+
+
+def _uprobes() -> Check:
+    ok = os.path.exists("/sys/bus/event_source/devices/uprobe/type")
+    return Check("uprobes", ok, "uprobe PMU present" if ok else "no uprobe PMU", "a kernel with CONFIG_UPROBE_EVENTS",
+                 required=False)
+
+
+def _kprobes() -> Check:
+    ok = os.path.exists("/sys/bus/event_source/devices/kprobe/type")
+    return Check("kprobes", ok, "kprobe PMU present" if ok else "absent (aiflame does not need them)",
+                 required=False)
+
+
+def _btf() -> Check:
+    ok = os.path.exists("/sys/kernel/btf/vmlinux")
+    return Check("BTF", ok, "/sys/kernel/btf/vmlinux" + ("" if ok else " missing"), "CONFIG_DEBUG_INFO_BTF=y",
+                 required=False)
+
+
+def _kallsyms() -> Check:
+    try:
+        with open("/proc/kallsyms") as f:
+            first = f.readline().split()
+        ok = bool(first) and int(first[0], 16) != 0
+    except (OSError, ValueError):
+        ok = False
+    return Check("kallsyms", ok, "kernel symbols readable" if ok else "addresses hidden",
+                 "run as root, or sysctl kernel.kptr_restrict=0", required=False)
+
+
+CHECKS: list[Callable[[], Check]] = [_root, _bcc, _headers, _tracefs, _perf, _uprobes, _btf, _kallsyms, _kprobes]
+
+
+def run_checks() -> list[Check]:
+    return [c() for c in CHECKS]
+
+
+def doctor(console: Console) -> int:
+    """Print every check; exit status 0 when all required ones pass, 1 otherwise."""
+    checks = run_checks()
+    table = Table(title="aiflame doctor", title_justify="left")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("detail")
+    table.add_column("fix")
+    for c in checks:
+        status = "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]optional[/]")
+        table.add_row(c.name, status, c.detail, "" if c.ok else c.fix)
+    console.print(table)
+    bad = [c.name for c in checks if c.required and not c.ok]
+    if bad:
+        console.print(f"[red]not ready:[/] {', '.join(bad)}")
+        return 1
+    console.print("[green]ready to profile[/]")
+    return 0

@@ -1,0 +1,78 @@
+"""Read what dies with a process: its executable mappings (with build ids), command line and parent."""
+
+from __future__ import annotations
+
+import os
+
+from aiflame.raw import Mapping, ProcessSnapshot
+from aiflame.symbolize.elf import read_build_id
+from aiflame.symbolize.errors import SymbolizeError
+
+class BuildIdCache:
+    """Build ids keyed by (device, inode, path) so each file is read once per agent run."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, int, str], str] = {}
+
+    def get(self, pid: int, line_dev: str, inode: int, path: str, start: int, end: int) -> str:
+        key = (line_dev, inode, path)
+        hit = self._ids.get(key)
+        if hit is not None:
+            return hit
+        bid = ""
+        # map_files reaches the exact file even if deleted or in another mount namespace.
+        for candidate in (f"/proc/{pid}/map_files/{start:x}-{end:x}", f"/proc/{pid}/root{path}", path):
+            try:
+                bid = read_build_id(candidate) or ""
+                break
+            except (OSError, SymbolizeError):
+                continue
+        self._ids[key] = bid
+        return bid
+
+
+def parse_maps(text: str) -> list[tuple[int, int, str, int, str, int, str]]:
+    """Lines of /proc/PID/maps as (start, end, perms, offset, dev, inode, path)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        try:
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            off = int(parts[2], 16)
+            inode = int(parts[4])
+        except ValueError:
+            continue
+        out.append((lo, hi, parts[1], off, parts[3], inode, parts[5].strip() if len(parts) > 5 else ""))
+    return out
+
+
+def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int = 0) -> ProcessSnapshot | None:
+    """Snapshot the executable mappings of `pid`; None if the process is already gone."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            text = f.read()
+    except OSError:
+        return None
+    mappings = []
+    for lo, hi, perms, off, dev, inode, path in parse_maps(text):
+        if "x" not in perms:
+            continue
+        bid = ""
+        if path.startswith("/") and inode:
+            bid = build_ids.get(pid, dev, inode, path.removesuffix(" (deleted)"), lo, hi)
+        mappings.append(Mapping(lo, hi, off, path, bid, perms))
+    snap = ProcessSnapshot(pid, time_ns, mappings, exec_seq=exec_seq)
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            snap.cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        with open(f"/proc/{pid}/comm") as f:
+            snap.comm = f.read().strip()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        snap.ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        snap.exe = os.readlink(f"/proc/{pid}/exe")
+    except (OSError, ValueError, IndexError):
+        pass  # the maps are what matter; the rest is best effort
+    return snap

@@ -1,0 +1,335 @@
+"""One capture: start or attach to the target, run the sampler, stream records into the capture file, stop
+on duration / target exit / signal, and keep everything collected."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from aiflame import __version__
+from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
+from aiflame.agent.procmaps import BuildIdCache, read_process
+from aiflame.agent.records import RecKind
+from aiflame.agent.sampler import CpuSampler, ProcEvent, SamplerConfig
+from aiflame.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawSample
+from aiflame.symbolize.kallsyms import KernelSymbols
+
+POLL_S = 0.1
+REMAP_MIN_S = 0.5  # re-read a process's maps at most this often when addresses fall outside them
+
+
+class SessionError(Exception):
+    """The capture cannot start; one user-facing line."""
+
+
+@dataclass
+class SessionStats:
+    samples: int = 0
+    elapsed_s: float = 0.0
+    pids: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> int:
+        return self.counters.get("lost", 0)
+
+
+@dataclass
+class SessionResult:
+    capture: Path
+    stop_reason: str
+    stats: SessionStats
+    agent_cpu_s: float
+    exit_code: int | None = None  # of the command, with `-- CMD`
+
+
+def check_root() -> None:
+    if os.geteuid() != 0:
+        raise SessionError("must run as root (BPF and perf events need it); try sudo")
+
+
+def check_pid(pid: int) -> None:
+    if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+        raise SessionError(f"no such process: {pid}")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        raise SessionError(f"no such process: {pid}") from None
+    if state in ("Z", "X"):
+        raise SessionError(f"process {pid} has already exited")
+
+
+def check_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SessionError(f"cannot create output directory {out_dir}: {e.strerror}") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise SessionError(f"output directory not writable: {out_dir}")
+
+
+class _Launcher:
+    """Forks the command held at a gate so the sampler targets it before its first instruction."""
+
+    def __init__(self, argv: list[str]) -> None:
+        exe = shutil.which(argv[0])
+        if exe is None:
+            raise SessionError(f"command not found: {argv[0]}")
+        gate_r, gate_w = os.pipe()
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # child: wait for the go byte, then exec
+            try:
+                os.close(gate_w)
+                os.close(err_r)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if os.read(gate_r, 1) != b"g":
+                    os._exit(126)
+                os.close(gate_r)
+                os.execv(exe, argv)
+            except OSError as e:
+                os.write(err_w, str(e.strerror).encode())
+            os._exit(127)
+        os.close(gate_r)
+        os.close(err_w)
+        self.pid = pid
+        self._gate, self._err = gate_w, err_r
+        self.exit_code: int | None = None
+
+    def release(self) -> None:
+        os.write(self._gate, b"g")
+        os.close(self._gate)
+        msg = os.read(self._err, 512)  # EOF once exec succeeded (close-on-exec)
+        os.close(self._err)
+        if msg:
+            self.wait()
+            raise SessionError(f"cannot run command: {msg.decode(errors='replace')}")
+
+    def abort(self) -> None:
+        try:
+            os.close(self._gate)  # the child reads EOF and exits
+        except OSError:
+            pass
+        self.wait()
+
+    def poll(self) -> bool:
+        """True once the command has exited."""
+        if self.exit_code is not None:
+            return True
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        self.exit_code = os.waitstatus_to_exitcode(status)
+        return True
+
+    def wait(self) -> None:
+        if self.exit_code is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.exit_code = os.waitstatus_to_exitcode(status)
+
+
+def _mono_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+@dataclass
+class SessionConfig:
+    out_dir: Path
+    pid: int | None = None
+    command: list[str] = field(default_factory=list)
+    duration_s: float | None = None
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    prefix: str = "profile"
+    argv: list[str] = field(default_factory=list)
+
+
+class Session:
+    """Runs one capture. `on_progress` is called about every POLL_S with live stats."""
+
+    def __init__(self, config: SessionConfig, on_progress: Callable[[SessionStats], None] | None = None) -> None:
+        if (config.pid is None) == (not config.command):
+            raise SessionError("give either --pid PID or -- CMD ARGS")
+        self.cfg = config
+        self.on_progress = on_progress
+        self.stats = SessionStats()
+        self._stop_reason = ""
+        self._pending: list[RawSample] = []
+        self._procs: list[ProcEvent] = []
+        self._snaps: dict[int, ProcessSnapshot] = {}
+        self._known: dict[int, set[int]] = {}  # pid -> user addresses already inside its mappings
+        self._remap_at: dict[int, float] = {}
+        self._exec_seq: dict[int, int] = {}
+        self._kaddrs: set[int] = set()
+        self._build_ids = BuildIdCache()
+
+    def _signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
+
+    def run(self) -> SessionResult:
+        cfg = self.cfg
+        check_root()
+        if cfg.pid is not None:
+            check_pid(cfg.pid)
+        check_out_dir(cfg.out_dir)
+        launcher = _Launcher(cfg.command) if cfg.command else None
+        old = {s: signal.signal(s, self._signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        sampler_cfg = cfg.sampler
+        if launcher:
+            sampler_cfg = SamplerConfig(**{**sampler_cfg.__dict__, "follow_children": True})
+        sampler = CpuSampler(sampler_cfg, self._pending.append, self._procs.append)
+        root_pid = launcher.pid if launcher else cfg.pid
+        assert root_pid is not None
+        try:
+            try:
+                sampler.start([root_pid])
+            except BaseException:
+                if launcher:
+                    launcher.abort()
+                raise
+            return self._capture(sampler, launcher, root_pid)
+        finally:
+            sampler.close()
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _capture(self, sampler: CpuSampler, launcher: _Launcher | None, root_pid: int) -> SessionResult:
+        cfg = self.cfg
+        path = cfg.out_dir / f"{cfg.prefix}.aiflame"
+        header = CaptureHeader(
+            FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(),
+            cfg.sampler.frequency, sampler.event_used, time.time_ns(), _mono_ns(), cfg.argv or sys.argv,
+            " ".join(cfg.command) if cfg.command else f"pid {cfg.pid}",
+        )
+        writer = CaptureWriter(path, header)
+        if launcher:
+            launcher.release()
+        self._snapshot(root_pid, writer)
+        cpu0, t0 = _cpu_s(), time.monotonic()
+        deadline = t0 + cfg.duration_s if cfg.duration_s else None
+        while not self._stop_reason:
+            time.sleep(POLL_S)
+            self._drain(sampler, writer)
+            now = time.monotonic()
+            self.stats.elapsed_s = now - t0
+            if self.on_progress:
+                self.on_progress(self.stats)
+            if deadline and now >= deadline:
+                self._stop_reason = "duration"
+            elif launcher and launcher.poll():
+                self._stop_reason = f"command exited ({launcher.exit_code})"
+            elif not launcher and not _alive(root_pid):
+                self._stop_reason = "target exited"
+        self._drain(sampler, writer)
+        agent_cpu = _cpu_s() - cpu0
+        writer.add_kernel_symbols(self._kernel_symbols())
+        self.stats.counters = sampler.counters()
+        writer.close(CaptureFooter(
+            time.time_ns(), _mono_ns(), 0, dict(self.stats.counters), self._stop_reason, agent_cpu,
+        ))
+        exit_code = None
+        if launcher:
+            if self._stop_reason in ("duration", "interrupted", "terminated") and not launcher.poll():
+                pass  # the command keeps running (Ctrl-C reached it through the terminal anyway)
+            exit_code = launcher.exit_code
+        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code)
+
+    def _snapshot(self, pid: int, writer: CaptureWriter) -> None:
+        snap = read_process(pid, _mono_ns(), self._build_ids, self._exec_seq.get(pid, 0))
+        self._remap_at[pid] = time.monotonic()
+        if snap is None:
+            return
+        self._snaps[pid] = snap
+        self._known[pid] = set()
+        writer.add_process(snap)
+        self.stats.pids = len(self._snaps)
+
+    def _drain(self, sampler: CpuSampler, writer: CaptureWriter) -> None:
+        sampler.poll()
+        for ev in self._procs:
+            if ev.kind == RecKind.FORK:
+                if _is_thread(ev.child):
+                    sampler.remove_target(ev.child)
+                else:
+                    self._snapshot(ev.child, writer)
+            elif ev.kind == RecKind.EXEC:
+                self._exec_seq[ev.pid] = self._exec_seq.get(ev.pid, 0) + 1
+                self._snapshot(ev.pid, writer)
+            elif ev.kind == RecKind.EXIT and ev.pid != self.cfg.pid:
+                sampler.remove_target(ev.pid)
+        self._procs.clear()
+        if not self._pending:
+            writer.flush()
+            return
+        stale: set[int] = set()
+        for s in self._pending:
+            self._kaddrs.update(s.kern)
+            known = self._known.get(s.pid)
+            if known is None:
+                stale.add(s.pid)
+                continue
+            snap = self._snaps[s.pid]
+            for a in s.user:
+                if a not in known:
+                    if snap.find(a) is None:
+                        stale.add(s.pid)
+                        break
+                    known.add(a)
+        now = time.monotonic()
+        for pid in stale:
+            if now - self._remap_at.get(pid, 0.0) >= REMAP_MIN_S or pid not in self._snaps:
+                self._snapshot(pid, writer)
+        self.stats.samples += len(self._pending)
+        writer.add_samples(self._pending)
+        self._pending.clear()
+        writer.flush()
+
+    def _kernel_symbols(self) -> dict[int, str]:
+        if not self._kaddrs:
+            return {}
+        try:
+            ksyms = KernelSymbols.load()
+        except OSError:
+            return {}
+        out = {}
+        for a in self._kaddrs:
+            name = ksyms.lookup(a)
+            if name:
+                out[a] = name
+        return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _is_thread(tid: int) -> bool:
+    """True when `tid` is a thread of another process (its Tgid differs)."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1]) != tid
+    except (OSError, ValueError):
+        pass
+    return False

@@ -1,0 +1,52 @@
+"""The end-of-capture summary: top functions and stacks with their share, counts, losses and overhead."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from aiflame.model import FrameKind, Profile
+
+_SKIP_KINDS = (FrameKind.PROCESS, FrameKind.SEPARATOR)
+
+
+def _short_stack(names: list[str], width: int = 90) -> str:
+    text = " ; ".join(names)
+    return text if len(text) <= width else "… " + text[-(width - 2):]
+
+
+def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: float | None = None,
+                  elapsed_s: float | None = None) -> None:
+    total = prof.total_weight
+    if total == 0:
+        console.print("[yellow]no samples collected[/] (was the target on CPU?)")
+    else:
+        funcs = Table(title=f"Top functions (self) of {total} samples", title_justify="left")
+        funcs.add_column("self %", justify="right")
+        funcs.add_column("total %", justify="right")
+        funcs.add_column("samples", justify="right")
+        funcs.add_column("function")
+        funcs.add_column("module")
+        inclusive = prof.inclusive_weights()
+        for frame, w in prof.self_weights().most_common(top):
+            funcs.add_row(f"{100 * w / total:.1f}", f"{100 * inclusive[frame.name] / total:.1f}", str(w),
+                          frame.name, frame.module)
+        console.print(funcs)
+        stacks = Table(title="Top stacks (root ; … ; leaf)", title_justify="left")
+        stacks.add_column("%", justify="right")
+        stacks.add_column("samples", justify="right")
+        stacks.add_column("stack")
+        for stack, w in prof.aggregate().most_common(top):
+            names = [f.name for f in stack if f.kind not in _SKIP_KINDS]
+            stacks.add_row(f"{100 * w / total:.1f}", str(w), _short_stack(names))
+        console.print(stacks)
+    c = prof.counters
+    line = (f"samples {total}  lost {c.get('lost', 0)}  user-stack errors {c.get('ustack_err', 0)}  "
+            f"kernel-stack errors {c.get('kstack_err', 0)}")
+    if c.get("proc_lost"):
+        line += f"  process events lost {c['proc_lost']}"
+    if agent_cpu_s is not None:
+        line += f"  agent CPU {agent_cpu_s:.2f}s"
+        if elapsed_s:
+            line += f" ({100 * agent_cpu_s / elapsed_s:.2f}% of a core)"
+    console.print(line)

@@ -1,0 +1,144 @@
+"""Turn a raw capture into the model: map addresses to modules, name them, and build root -> leaf stacks."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+from aiflame.model import Frame, FrameKind, Profile, Sample, Stack
+from aiflame.raw import Capture, Mapping, ProcessSnapshot, RawSample
+from aiflame.symbolize.native import NativeSymbolizer
+
+MISSING_USER = Frame("[missing user stack]", FrameKind.UNKNOWN)
+UNKNOWN_KERNEL = Frame("[unknown]", FrameKind.KERNEL, module="[kernel]")
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    group: str = "process"  # root frames: none, process (comm), thread (comm; thread name)
+    kernel: bool = True  # include kernel frames
+    user: bool = True  # include user frames
+
+
+class _ProcessIndex:
+    """The mapping snapshots of one pid, to find the mapping that held an address at a given time."""
+
+    def __init__(self, snaps: list[ProcessSnapshot]) -> None:
+        self.snaps = sorted(snaps, key=lambda s: s.time_ns)
+        self.times = [s.time_ns for s in self.snaps]
+        self._starts = [sorted(m.start for m in s.mappings) for s in self.snaps]
+        self._by_start = [{m.start: m for m in s.mappings} for s in self.snaps]
+
+    def _in(self, i: int, addr: int) -> Mapping | None:
+        starts = self._starts[i]
+        j = bisect.bisect_right(starts, addr) - 1
+        if j < 0:
+            return None
+        m = self._by_start[i][starts[j]]
+        return m if addr < m.end else None
+
+    def find(self, addr: int, time_ns: int) -> Mapping | None:
+        # Prefer the latest snapshot taken before the sample, then later ones (read after the sample).
+        k = bisect.bisect_right(self.times, time_ns)
+        for i in list(range(k - 1, -1, -1)) + list(range(k, len(self.snaps))):
+            m = self._in(i, addr)
+            if m is not None:
+                return m
+        return None
+
+    @property
+    def comm(self) -> str:
+        for s in reversed(self.snaps):
+            if s.comm:
+                return s.comm
+        return ""
+
+
+def symbolize_capture(
+    cap: Capture, native: NativeSymbolizer | None = None, options: StackOptions | None = None
+) -> Profile:
+    """Symbolize every sample of `cap`; nothing is dropped (unnamed frames read `[unknown]`)."""
+    opts = options or StackOptions()
+    native = native or NativeSymbolizer()
+    by_pid: dict[int, list[ProcessSnapshot]] = defaultdict(list)
+    for snap in cap.processes:
+        by_pid[snap.pid].append(snap)
+    index = {pid: _ProcessIndex(snaps) for pid, snaps in by_pid.items()}
+
+    # Pass 1: which file offsets does each module need?  Return addresses (all but the leaf) point after
+    # the call; look up addr - 1 so the frame names the calling function and line.
+    located: dict[tuple[int, int, int, bool], tuple[Mapping, int] | None] = {}
+    wanted: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for s in cap.samples:
+        idx = index.get(s.pid)
+        for depth, addr in enumerate(s.user):
+            key = (s.pid, addr, s.time_ns if idx and len(idx.snaps) > 1 else 0, depth == 0)
+            if key in located:
+                continue
+            m = idx.find(addr, s.time_ns) if idx else None
+            if m is None or not m.path.startswith("/"):
+                located[key] = (m, 0) if m else None
+                continue
+            off = addr - m.start + m.file_offset - (1 if depth else 0)
+            located[key] = (m, off)
+            wanted[(m.path, m.build_id)].add(off)
+
+    names: dict[tuple[str, str], dict[int, Frame]] = {}
+    for (path, build_id), offsets in wanted.items():
+        names[(path, build_id)] = native.symbolize(path, build_id or None, offsets)
+
+    prof = Profile(unit="samples", meta={"host": cap.header.host, "kernel": cap.header.kernel,
+                                         "target": cap.header.target,
+                                         "frequency_hz": str(cap.header.frequency_hz)})
+    kcache: dict[int, Frame] = {}
+    for s in cap.samples:
+        idx = index.get(s.pid)
+        frames: list[Frame] = []
+        if opts.group in ("process", "thread"):
+            frames.append(Frame((idx.comm if idx and idx.comm else s.comm) or str(s.pid), FrameKind.PROCESS))
+        if opts.group == "thread":
+            frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
+        if opts.user:
+            frames.extend(_user_frames(s, idx, located, names))
+        if opts.kernel:
+            for addr in reversed(s.kern):
+                f = kcache.get(addr)
+                if f is None:
+                    name = cap.kernel_symbols.get(addr)
+                    f = Frame(name, FrameKind.KERNEL, module="[kernel]") if name else UNKNOWN_KERNEL
+                    kcache[addr] = f
+                frames.append(f)
+        stack: Stack = tuple(frames)
+        prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
+    if cap.footer:
+        prof.counters.update(cap.footer.counters)
+        prof.start_ns, prof.end_ns = cap.header.start_mono_ns, cap.footer.end_mono_ns
+    return prof
+
+
+def _user_frames(
+    s: RawSample,
+    idx: _ProcessIndex | None,
+    located: dict[tuple[int, int, int, bool], tuple[Mapping, int] | None],
+    names: dict[tuple[str, str], dict[int, Frame]],
+) -> list[Frame]:
+    if not s.user:
+        # A sample taken in the kernel on behalf of a thread with no user stack (or a failed lookup).
+        return [MISSING_USER] if s.user_err or not s.kern else []
+    out: list[Frame] = []
+    multi = bool(idx and len(idx.snaps) > 1)
+    last = len(s.user) - 1
+    for i, addr in enumerate(reversed(s.user)):
+        hit = located.get((s.pid, addr, s.time_ns if multi else 0, i == last))
+        if hit is None:
+            out.append(Frame("[unknown]", FrameKind.UNKNOWN))
+            continue
+        m, off = hit
+        if not m.path.startswith("/"):
+            out.append(Frame("[unknown]", FrameKind.UNKNOWN, module=m.path or "[anon]"))
+            continue
+        f = names.get((m.path, m.build_id), {}).get(off)
+        out.append(f or Frame("[unknown]", FrameKind.UNKNOWN, module=os.path.basename(m.path)))
+    return out
