@@ -1,0 +1,73 @@
+"""Helpers shared by the benchmarks: paths, process control, BPF program stats from fdinfo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "bin"
+RESULTS = REPO / "bench" / "results"
+PERF_EVENT_PROG = 7  # BPF_PROG_TYPE_PERF_EVENT
+
+
+def aiflame_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aiflame", *args]
+
+
+def bpf_prog_stats(pid: int, prog_type: int = PERF_EVENT_PROG) -> tuple[int, int]:
+    """Sum of (run_time_ns, run_cnt) over BPF programs of `prog_type` held open by `pid`."""
+    total_ns = total_cnt = 0
+    fd_dir = Path(f"/proc/{pid}/fdinfo")
+    for fd in fd_dir.iterdir():
+        try:
+            text = fd.read_text()
+        except OSError:
+            continue
+        m = re.search(r"^prog_type:\s+(\d+)", text, re.M)
+        if not m or int(m.group(1)) != prog_type:
+            continue
+        ns = re.search(r"^run_time_ns:\s+(\d+)", text, re.M)
+        cnt = re.search(r"^run_cnt:\s+(\d+)", text, re.M)
+        if ns and cnt:
+            total_ns += int(ns.group(1))
+            total_cnt += int(cnt.group(1))
+    return total_ns, total_cnt
+
+
+def set_bpf_stats(on: bool) -> None:
+    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1" if on else "0")
+
+
+def wait_for(pred: object, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if callable(pred) and pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def save(name: str, data: dict[str, object]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def conditions() -> dict[str, object]:
+    return {
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "python": sys.version.split()[0],
+    }
+
+
+def run_quiet(cmd: list[str], **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, **kw)  # type: ignore[call-overload]

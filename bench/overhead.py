@@ -1,0 +1,111 @@
+"""Target slowdown at 99 Hz: no profiler vs aiflame vs bcc's `profile`, in one run, as ratios (medians over
+repetitions, order rotated). Also the in-kernel cost per sample (kernel.bpf_stats_enabled) of both programs
+and aiflame's own CPU per second of capture.
+
+The target (examples/bench_work, 2 threads on a 2-CPU host) waits DELAY seconds so each profiler can compile and
+attach, then does a fixed amount of work and prints how long the work took."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from common import EXAMPLES, aiflame_cmd, bpf_prog_stats, conditions, run_quiet, save, set_bpf_stats
+
+BCC_PROFILE = "/usr/sbin/profile-bpfcc"
+
+
+def run_target(mode: str, threads: int, iters: int, delay: float, hz: int, tmp: Path) -> dict[str, float]:
+    target = run_quiet([str(EXAMPLES / "bench_work"), str(threads), str(iters), str(delay)])
+    prof = None
+    out: dict[str, float] = {}
+    if mode == "aiflame":
+        prof = run_quiet(aiflame_cmd("profile", "-q", "-p", str(target.pid), "-F", str(hz), "-o", str(tmp / "a"),
+                                     "--formats", "folded"))
+    elif mode == "bcc":
+        prof = run_quiet([BCC_PROFILE, "-F", str(hz), "-p", str(target.pid), "-f", "600"])
+    # Sample the BPF program counters just before the target finishes.
+    stats = (0, 0)
+    while target.poll() is None:
+        if prof is not None:
+            try:
+                stats = bpf_prog_stats(prof.pid)
+            except OSError:
+                pass
+        time.sleep(0.2)
+    work_s = float(target.stdout.read().strip()) if target.stdout else 0.0
+    out["work_s"] = work_s
+    if prof is not None:
+        prof.send_signal(signal.SIGINT)
+        try:
+            prof.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            prof.kill()
+        if stats[1]:
+            out["bpf_ns_per_run"] = stats[0] / stats[1]
+            out["bpf_runs"] = stats[1]
+    if mode == "aiflame":
+        from aiflame.agent.capture import read_capture
+
+        cap = read_capture(tmp / "a" / "profile.aiflame")
+        assert cap.footer is not None
+        elapsed = (cap.footer.end_mono_ns - cap.header.start_mono_ns) / 1e9
+        out["agent_cpu_pct"] = 100 * cap.footer.agent_cpu_s / elapsed
+        out["samples"] = len(cap.samples)
+        out["lost"] = cap.footer.counters.get("lost", 0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=2400, help="thousands of rounds per thread (~6 s here)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--delay", type=float, default=8.0)
+    ap.add_argument("--hz", type=int, default=99)
+    args = ap.parse_args()
+    modes = ["none", "aiflame", "bcc"]
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    set_bpf_stats(True)
+    try:
+        with tempfile.TemporaryDirectory() as td:
+            for rep in range(args.reps):
+                order = modes[rep % 3:] + modes[: rep % 3]
+                for m in order:
+                    r = run_target(m, args.threads, args.iters, args.delay, args.hz, Path(td))
+                    runs[m].append(r)
+                    print(f"rep {rep} {m}: {json.dumps(r)}", flush=True)
+    finally:
+        set_bpf_stats(False)
+    base = statistics.median(r["work_s"] for r in runs["none"])
+
+    def slow(m: str) -> float:
+        return 100 * (statistics.median(r["work_s"] for r in runs[m]) / base - 1)
+
+    def med(m: str, key: str) -> float:
+        vals = [r[key] for r in runs[m] if key in r]
+        return statistics.median(vals) if vals else float("nan")
+
+    result = {
+        "conditions": {**conditions(), "threads": args.threads, "hz": args.hz, "reps": args.reps,
+                       "baseline_work_s": base},
+        "slowdown_pct": {"aiflame": slow("aiflame"), "bcc_profile": slow("bcc")},
+        "slowdown_vs_bcc_points": slow("aiflame") - slow("bcc"),
+        "bpf_ns_per_sample": {"aiflame": med("aiflame", "bpf_ns_per_run"), "bcc_profile": med("bcc", "bpf_ns_per_run")},
+        "agent_cpu_pct_of_core": med("aiflame", "agent_cpu_pct"),
+        "aiflame_lost": sum(r.get("lost", 0) for r in runs["aiflame"]),
+        "runs": runs,
+    }
+    path = save("overhead", result)
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""`make bench`: every benchmark in turn; results land in bench/results/*.json (BENCHMARKS.md quotes them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = [
+    ["overhead.py"],
+    ["loss.py"],
+    ["bench_symbolize.py"],
+]
+
+
+def main() -> int:
+    failed = []
+    for b in BENCHES:
+        print(f"== {' '.join(b)}", flush=True)
+        rc = subprocess.call([sys.executable, str(HERE / b[0]), *b[1:]], cwd=HERE.parent)
+        if rc:
+            failed.append(b[0])
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Capture file: round trip, and every kind of bad file gives one CaptureError line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiflame.agent.capture import MAGIC, CaptureError, CaptureWriter, read_capture, write_capture
+from aiflame.raw import Capture, CaptureFooter, CaptureHeader, Mapping, ProcessSnapshot, RawSample
+
+addr = st.integers(min_value=0, max_value=2**64 - 1)
+samples = st.builds(
+    RawSample,
+    time_ns=st.integers(0, 2**63), pid=st.integers(0, 2**31), tid=st.integers(0, 2**31),
+    cpu=st.integers(0, 1024), comm=st.text(max_size=15), user=st.tuples(*[addr] * 3) | st.just(()),
+    kern=st.lists(addr, max_size=5).map(tuple), user_err=st.integers(-200, 0), kern_err=st.integers(-200, 0),
+    weight=st.integers(1, 1000),
+)
+
+
+def _capture(samples: list[RawSample]) -> Capture:
+    return Capture(
+        CaptureHeader(1, "0.1.0", "host", "6.18", "x86_64", 99, "cpu-clock", 1, 2, ["aiflame", "profile"], "pid 1",
+                      {"k": "v"}),
+        samples,
+        [ProcessSnapshot(7, 5, [Mapping(0x1000, 0x2000, 0, "/bin/x", "abcd", "r-xp")], 1, "x", ["x", "-y"], "/bin/x",
+                         2)],
+        {0xFFFF0000: "do_sys_read"},
+        CaptureFooter(10, 20, 0, {"lost": 3}, "duration", 0.25),
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(samples, max_size=20))
+def test_round_trip(tmp_path_factory: pytest.TempPathFactory, ss: list[RawSample]) -> None:
+    path = tmp_path_factory.mktemp("cap") / "c.aiflame"
+    cap = _capture(ss)
+    write_capture(path, cap)
+    back = read_capture(path)
+    assert back.header == cap.header
+    assert back.samples == ss
+    assert back.processes == cap.processes
+    assert back.kernel_symbols == cap.kernel_symbols
+    assert back.footer is not None and back.footer.counters == {"lost": 3}
+    assert back.footer.samples == len(ss) and back.footer.stop_reason == "duration"
+
+
+def test_partial_file_is_renamed_on_close(tmp_path: Path) -> None:
+    path = tmp_path / "c.aiflame"
+    w = CaptureWriter(path, _capture([]).header)
+    assert not path.exists() and (tmp_path / "c.aiflame.partial").exists()
+    w.close(CaptureFooter())
+    assert path.exists() and not (tmp_path / "c.aiflame.partial").exists()
+
+
+def test_missing_and_foreign_files(tmp_path: Path) -> None:
+    with pytest.raises(CaptureError, match="No such file"):
+        read_capture(tmp_path / "nope")
+    (tmp_path / "f").write_bytes(b"\x7fELF....")
+    with pytest.raises(CaptureError, match="not an aiflame capture"):
+        read_capture(tmp_path / "f")
+    with pytest.raises(CaptureError, match="is a directory"):
+        read_capture(tmp_path)
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.aiflame"
+    write_capture(path, _capture([RawSample(1, 2, 3, 0, "a", (1, 2), ())] * 10))
+    data = path.read_bytes()
+    for cut in (len(MAGIC) + 3, len(data) // 2, len(data) - 1):
+        (tmp_path / "t").write_bytes(data[:cut])
+        with pytest.raises(CaptureError, match="truncated|corrupt"):
+            read_capture(tmp_path / "t")
+
+
+def test_newer_format_is_refused(tmp_path: Path) -> None:
+    cap = _capture([])
+    cap.header.format_version = 99
+    write_capture(tmp_path / "c", cap)
+    with pytest.raises(CaptureError, match="newer"):
+        read_capture(tmp_path / "c")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.integers(0, 400), st.integers(0, 255))
+def test_fuzzed_files_give_capture_errors(tmp_path_factory: pytest.TempPathFactory, junk: bytes, pos: int,
+                                          byte: int) -> None:
+    d = tmp_path_factory.mktemp("fz")
+    good = d / "good"
+    write_capture(good, _capture([RawSample(1, 2, 3, 0, "a", (1, 2), (5,))] * 3))
+    data = bytearray(good.read_bytes())
+    data[pos % len(data)] = byte
+    for blob in (bytes(data), MAGIC + junk, bytes(data[: pos % len(data)]) + junk):
+        (d / "bad").write_bytes(blob)
+        try:
+            read_capture(d / "bad")
+        except CaptureError as e:
+            assert "\n" not in str(e)
