@@ -134,6 +134,20 @@ class _Launcher:
         self.exit_code = os.waitstatus_to_exitcode(status)
         return True
 
+    def stop(self, signum: int, grace_s: float = 2.0) -> None:
+        """Pass our interruption on to the command (a terminal's Ctrl-C reaches both anyway)."""
+        if self.poll():
+            return
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end:
+            if self.poll():
+                return
+            time.sleep(0.02)
+
     def wait(self) -> None:
         if self.exit_code is None:
             _, status = os.waitpid(self.pid, 0)
@@ -203,6 +217,8 @@ class Session:
                 if launcher:
                     launcher.abort()
                 raise
+            if not launcher and not _alive(root_pid):
+                raise SessionError(f"process {root_pid} exited before the sampler attached")
             return self._capture(sampler, launcher, root_pid)
         finally:
             sampler.close()
@@ -245,8 +261,8 @@ class Session:
         ))
         exit_code = None
         if launcher:
-            if self._stop_reason in ("duration", "interrupted", "terminated") and not launcher.poll():
-                pass  # the command keeps running (Ctrl-C reached it through the terminal anyway)
+            if self._stop_reason in ("interrupted", "terminated"):
+                launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
         return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from aiflame.model import FrameKind, Profile
@@ -28,17 +31,23 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
         funcs.add_column("function")
         funcs.add_column("module")
         inclusive = prof.inclusive_weights()
-        for frame, w in prof.self_weights().most_common(top):
-            funcs.add_row(f"{100 * w / total:.1f}", f"{100 * inclusive[frame.name] / total:.1f}", str(w),
-                          frame.name, frame.module)
+        by_name: Counter[tuple[str, str]] = Counter()
+        for frame, w in prof.self_weights().items():  # lines differ per address: group by function
+            by_name[(frame.name, frame.module)] += w
+        for (name, module), w in by_name.most_common(top):
+            funcs.add_row(f"{100 * w / total:.1f}", f"{100 * inclusive[name] / total:.1f}", str(w),
+                          escape(name), escape(module))
         console.print(funcs)
         stacks = Table(title="Top stacks (root ; … ; leaf)", title_justify="left")
         stacks.add_column("%", justify="right")
         stacks.add_column("samples", justify="right")
         stacks.add_column("stack")
-        for stack, w in prof.aggregate().most_common(top):
-            names = [f.name for f in stack if f.kind not in _SKIP_KINDS]
-            stacks.add_row(f"{100 * w / total:.1f}", str(w), _short_stack(names))
+        by_names: Counter[tuple[str, ...]] = Counter()
+        for stack, w in prof.aggregate().items():
+            by_names[tuple(f.name for f in stack if f.kind not in _SKIP_KINDS)] += w
+        for names_t, w in by_names.most_common(top):
+            names = list(names_t)
+            stacks.add_row(f"{100 * w / total:.1f}", str(w), escape(_short_stack(names)))
         console.print(stacks)
     c = prof.counters
     line = (f"samples {total}  lost {c.get('lost', 0)}  user-stack errors {c.get('ustack_err', 0)}  "

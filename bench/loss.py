@@ -21,7 +21,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as td:
         out = Path(td) / "loss"
         # Enough work to outlast the capture; the capture stops at -d and the target is then killed.
-        iters = int(400 * (args.duration + 30))
+        iters = int(200 * (args.duration + 30))
         proc = subprocess.run(
             aiflame_cmd("profile", "-q", "-F", str(args.hz), "-d", str(args.duration), "-o", str(out),
                         "--formats", "folded", "--", str(EXAMPLES / "bench_work"), str(cpus), str(iters), "0"),

@@ -65,7 +65,7 @@ def run_target(mode: str, threads: int, iters: int, delay: float, hz: int, tmp: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=2400, help="thousands of rounds per thread (~6 s here)")
+    ap.add_argument("--iters", type=int, default=1200, help="thousands of rounds per thread (~6 s here)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--delay", type=float, default=8.0)
     ap.add_argument("--hz", type=int, default=99)

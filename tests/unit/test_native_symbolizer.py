@@ -1,0 +1,297 @@
+"""NativeSymbolizer end to end on real binaries: names, lines, debug files, unknowns and the disk cache."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiflame.model import Frame, FrameKind
+from aiflame.symbolize import native as native_mod
+from aiflame.symbolize.cache import SymbolCache
+from aiflame.symbolize.elf import ElfFile
+from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.native import NativeSymbolizer
+from tests.unit.elf_builders import Built, get_built, marker_line, readelf_functions, vaddr_to_offset
+
+NATIVE, CPP, UNKNOWN = FrameKind.NATIVE, FrameKind.NATIVE_CPP, FrameKind.UNKNOWN
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return get_built(tmp_path_factory)
+
+
+@pytest.fixture
+def sym(tmp_path: Path) -> NativeSymbolizer:
+    return NativeSymbolizer(cache_dir=str(tmp_path / "cache"), debug_dirs=())
+
+
+def offset_of(layout: Path, func: str, delta: int = 0, symbols_from: Path | None = None) -> int:
+    """File offset of `func`+delta; addresses from `symbols_from` (an unstripped twin), layout from `layout`."""
+    addr = readelf_functions(symbols_from or layout)[func][0] + delta
+    return vaddr_to_offset(layout, addr)
+
+
+def one(s: NativeSymbolizer, path: Path, off: int, build_id: str | None = None) -> Frame:
+    return s.symbolize(str(path), build_id, [off])[off]
+
+
+def test_pie_with_debug_info(built: Built, sym: NativeSymbolizer) -> None:
+    body = marker_line(built.src, "add_body")
+    offs = {f: offset_of(built.prog, f, 4) for f in ("add_numbers", "loop_sum", "main", "static_helper")}
+    frames = sym.symbolize(str(built.prog), built.build_ids["prog"], offs.values())
+    assert set(frames) == set(offs.values())
+    for func, off in offs.items():
+        f = frames[off]
+        assert (f.name, f.kind, f.module, f.file) == (func, NATIVE, "prog", str(built.src))
+        assert f.line > 0
+    assert frames[offs["add_numbers"]].line == body - 1  # prologue: the line of the opening brace
+    # An address on the marked statement itself.
+    start = readelf_functions(built.prog)["add_numbers"]
+    lines = {one(sym, built.prog, vaddr_to_offset(built.prog, a)).line for a in range(start[0], sum(start))}
+    assert body in lines
+
+
+def test_without_debug_info_names_only(built: Built, sym: NativeSymbolizer) -> None:
+    f = one(sym, built.prog_nog, offset_of(built.prog_nog, "loop_sum", 8))
+    assert f == Frame("loop_sum", NATIVE, "prog_nog", "", 0)
+
+
+def test_non_pie(built: Built, sym: NativeSymbolizer) -> None:
+    off = offset_of(built.prog_nopie, "loop_sum", 10)
+    f = one(sym, built.prog_nopie, off, built.build_ids["prog_nopie"])
+    assert (f.name, f.file) == ("loop_sum", str(built.src)) and f.line > 0
+
+
+def test_zero_size_symbol(built: Built, sym: NativeSymbolizer) -> None:
+    assert one(sym, built.prog, offset_of(built.prog, "zero_size_fn", 3)).name == "zero_size_fn"
+
+
+def test_plt_stub(built: Built, sym: NativeSymbolizer) -> None:
+    from tests.unit.elf_builders import plt_stubs
+
+    addr = plt_stubs(built.prog)["puts@plt"]
+    assert one(sym, built.prog, vaddr_to_offset(built.prog, addr + 4)).name == "puts@plt"
+
+
+def test_shared_library(built: Built, sym: NativeSymbolizer) -> None:
+    off = offset_of(built.lib, "lib_exported", 5)
+    f = one(sym, built.lib, off, built.build_ids["libdemo.so"])
+    assert (f.name, f.module, f.file) == ("lib_exported", "libdemo.so", str(built.lib_src))
+    priv = one(sym, built.lib, offset_of(built.lib, "lib_private", 2))
+    assert priv.name == "lib_private"
+
+
+def test_stripped_library_exports_only(built: Built, sym: NativeSymbolizer) -> None:
+    off = offset_of(built.lib_stripped, "lib_exported", 5, symbols_from=built.lib)
+    assert one(sym, built.lib_stripped, off) == Frame("lib_exported", NATIVE, "libdemo_stripped.so")
+    priv = one(sym, built.lib_stripped, offset_of(built.lib_stripped, "lib_private", 2, symbols_from=built.lib))
+    assert priv == Frame("[unknown]", UNKNOWN, "libdemo_stripped.so")  # static: not in .dynsym, nothing before it
+
+
+def test_stripped_executable_without_debug_file(built: Built, sym: NativeSymbolizer) -> None:
+    off = offset_of(built.prog_stripped, "add_numbers", 4, symbols_from=built.prog)
+    f = one(sym, built.prog_stripped, off, built.build_ids["prog"])
+    assert f == Frame("[unknown]", UNKNOWN, "prog_stripped")
+
+
+@pytest.mark.parametrize("binary", ["prog_linked", "prog_linked_sub"])
+def test_debuglink_debug_file(built: Built, sym: NativeSymbolizer, binary: str) -> None:
+    path: Path = getattr(built, binary)
+    off = offset_of(path, "add_numbers", 4, symbols_from=built.prog)
+    f = one(sym, path, off, built.build_ids["prog"])
+    assert (f.name, f.file, f.line) == ("add_numbers", str(built.src), marker_line(built.src, "add_body") - 1)
+    assert f.module == path.name
+
+
+def test_build_id_debug_dir(built: Built, tmp_path: Path) -> None:
+    s = NativeSymbolizer(cache_dir=str(tmp_path), debug_dirs=[str(built.bid_debug_dir)])
+    off = offset_of(built.prog_bid, "loop_sum", 9, symbols_from=built.prog)
+    f = one(s, built.prog_bid, off, built.build_ids["prog"])
+    assert (f.name, f.file, f.module) == ("loop_sum", str(built.src), "prog_bid") and f.line > 0
+    # Same, with the build id left for the symbolizer to read from the binary.
+    f2 = one(NativeSymbolizer(cache_dir=str(tmp_path / "2"), debug_dirs=[str(built.bid_debug_dir)]),
+             built.prog_bid, off)  # fmt: skip
+    assert f2 == f
+
+
+def test_debug_file_alone_when_binary_is_gone(built: Built, tmp_path: Path) -> None:
+    s = NativeSymbolizer(cache_dir=str(tmp_path), debug_dirs=[str(built.bid_debug_dir)])
+    off = offset_of(built.prog, "add_numbers", 4)
+    f = one(s, tmp_path / "deleted" / "prog", off, built.build_ids["prog"])
+    assert (f.name, f.file, f.module) == ("add_numbers", str(built.src), "prog")
+
+
+def test_build_id_mismatch_ignores_the_file(built: Built, sym: NativeSymbolizer) -> None:
+    off = offset_of(built.prog, "add_numbers", 4)
+    assert one(sym, built.prog, off, "00" * 20) == Frame("[unknown]", UNKNOWN, "prog")
+
+
+def test_cpp_names_are_demangled_and_short(built: Built, sym: NativeSymbolizer) -> None:
+    funcs = readelf_functions(built.cpp)
+    run_off = offset_of(built.cpp, "_ZNK4demo6Engine3runEi", 4)
+    tmpl = "_ZN4demo6detail10scaled_sumIiEET_RKSt6vectorIS2_SaIS2_EES2_"
+    start, size = funcs[tmpl]
+    tmpl_offs = [vaddr_to_offset(built.cpp, a) for a in range(start, start + size)]
+    frames = sym.symbolize(str(built.cpp), None, [run_off, *tmpl_offs])
+    assert frames[run_off].name == "demo::Engine::run" and frames[run_off].kind == CPP
+    assert {frames[o].name for o in tmpl_offs} == {"demo::detail::scaled_sum<int>"}
+    assert {frames[o].kind for o in tmpl_offs} == {CPP}
+    assert (str(built.cpp_src), marker_line(built.cpp_src, "cpp_body")) in {(frames[o].file, frames[o].line)
+                                                                             for o in tmpl_offs}  # fmt: skip
+    main_off = offset_of(built.cpp, "main", 4)
+    assert one(sym, built.cpp, main_off) == Frame("main", NATIVE, "cppdemo", str(built.cpp_src),
+                                                   frames_line(built, "int main()"))  # fmt: skip
+
+
+def frames_line(built: Built, text: str) -> int:
+    from tests.unit.elf_builders import line_of
+
+    return line_of(built.cpp_src, text)
+
+
+def test_unknown_offsets_keep_their_module(built: Built, sym: NativeSymbolizer) -> None:
+    rodata = int(
+        next(line.split()[4] for line in subprocess.run(["readelf", "-SW", str(built.prog)], capture_output=True,
+             text=True, check=True).stdout.splitlines() if " .rodata " in line), 16)  # fmt: skip
+    offs = [10**9, rodata, -5, 0]
+    frames = sym.symbolize(str(built.prog), None, offs)
+    assert set(frames) == set(offs)
+    assert all(f == Frame("[unknown]", UNKNOWN, "prog") for f in frames.values())
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "text", "empty"])
+def test_unreadable_binary_gives_unknowns(tmp_path: Path, sym: NativeSymbolizer, kind: str) -> None:
+    path = tmp_path / "libgone.so"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "text":
+        path.write_text("#!/bin/sh\necho hi\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    frames = sym.symbolize(str(path), "ab" * 20 if kind == "missing" else None, [1, 2, 0x1000])
+    assert frames == dict.fromkeys([1, 2, 0x1000], Frame("[unknown]", UNKNOWN, "libgone.so"))
+
+
+def test_deleted_suffix_and_root(built: Built, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "opt" / "app").mkdir(parents=True)
+    shutil.copy(built.prog, root / "opt" / "app" / "prog")
+    s = NativeSymbolizer(cache_dir=str(tmp_path / "c"), debug_dirs=(), root=str(root))
+    off = offset_of(built.prog, "main", 4)
+    f = one(s, Path("/opt/app/prog (deleted)"), off, built.build_ids["prog"])
+    assert (f.name, f.module) == ("main", "prog")
+
+
+# --- memo and disk cache ----------------------------------------------------------------------------------------
+
+
+def _forbid_elf(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(cls: type[ElfFile], path: object) -> ElfFile:
+        raise AssertionError(f"ElfFile.open({path}) called although everything is cached")
+
+    monkeypatch.setattr(ElfFile, "open", classmethod(boom))
+
+
+def test_disk_cache_serves_a_fresh_symbolizer(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = str(tmp_path / "cache")
+    start, size = readelf_functions(built.cpp)["_ZNK4demo6Engine3runEi"]
+    offs = [vaddr_to_offset(built.cpp, a) for a in range(start, start + size, 3)] + [10**9]
+    first = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.cpp), built.build_ids["cppdemo"], offs)
+    _forbid_elf(monkeypatch)
+    second = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.cpp), built.build_ids["cppdemo"],
+                                                                        offs)  # fmt: skip
+    assert second == first
+    assert first[offs[0]].kind == CPP and first[10**9].kind == UNKNOWN
+
+
+def test_disk_cache_in_a_new_process(built: Built, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    offs = [offset_of(built.prog, "loop_sum", 4), offset_of(built.prog, "main", 9)]
+    bid = built.build_ids["prog"]
+    first = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, offs)
+    code = (
+        "import sys, json\n"
+        "from aiflame.symbolize.elf import ElfFile\n"
+        "def boom(*a): raise SystemExit('ElfFile.open called')\n"
+        "ElfFile.open = classmethod(boom)\n"
+        "from aiflame.symbolize.native import NativeSymbolizer\n"
+        f"r = NativeSymbolizer(cache_dir={cache!r}, debug_dirs=()).symbolize({str(built.prog)!r}, {bid!r}, {offs!r})\n"
+        "print(json.dumps({str(k): [f.name, int(f.kind), f.module, f.file, f.line] for k, f in r.items()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    got = {int(k): Frame(v[0], FrameKind(v[1]), v[2], v[3], v[4]) for k, v in json.loads(out).items()}
+    assert got == first
+
+
+def test_memo_avoids_reparsing(built: Built, sym: NativeSymbolizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    offs = [offset_of(built.prog, "main", 4)]
+    first = sym.symbolize(str(built.prog), None, offs)
+    _forbid_elf(monkeypatch)
+    assert sym.symbolize(str(built.prog), None, offs) == first
+
+
+def test_disk_cache_merges_new_offsets(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = str(tmp_path / "cache")
+    a, b = offset_of(built.prog, "main", 4), offset_of(built.prog, "loop_sum", 4)
+    bid = built.build_ids["prog"]
+    NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [a])
+    both = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [a, b])
+    _forbid_elf(monkeypatch)
+    assert NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [a, b]) == both
+
+
+def test_corrupt_cache_is_ignored_and_rewritten(built: Built, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    bid = built.build_ids["prog"]
+    off = offset_of(built.prog, "add_numbers", 4)
+    expected = NativeSymbolizer(cache_dir=str(cache), debug_dirs=()).symbolize(str(built.prog), bid, [off])
+    file = Path(SymbolCache(str(cache)).path_for(bid))
+    for garbage in (b"not gzip", gzip.compress(b"{not json"), gzip.compress(b'{"format": "aiflame-symbols"}'),
+                    gzip.compress(json.dumps({"format": "aiflame-symbols", "version": 1, "key": bid, "names": [],
+                                              "files": [], "entries": [[off, 5, 2, 0, 1]]}).encode())):  # fmt: skip
+        file.write_bytes(garbage)
+        got = NativeSymbolizer(cache_dir=str(cache), debug_dirs=()).symbolize(str(built.prog), bid, [off])
+        assert got == expected
+        loaded = SymbolCache(str(cache)).load(bid)
+        assert loaded is not None and off in loaded.entries  # rewritten in the current format
+
+
+def test_unwritable_cache_dir_is_harmless(built: Built, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    s = NativeSymbolizer(cache_dir=str(blocker / "sub"), debug_dirs=())
+    off = offset_of(built.prog, "main", 4)
+    assert one(s, built.prog, off).name == "main"
+
+
+def test_cache_written_before_debug_file_appeared_is_stale(built: Built, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    off = offset_of(built.prog_bid, "loop_sum", 4, symbols_from=built.prog)
+    bid = built.build_ids["prog"]
+    before = one(NativeSymbolizer(cache_dir=cache, debug_dirs=[str(tmp_path / "empty")]), built.prog_bid, off, bid)
+    assert before.name != "loop_sum"
+    after = one(NativeSymbolizer(cache_dir=cache, debug_dirs=[str(built.bid_debug_dir)]), built.prog_bid, off, bid)
+    assert after.name == "loop_sum" and after.line > 0
+
+
+def test_cache_dir_from_environment(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIFLAME_CACHE", str(tmp_path / "envcache"))
+    bid = built.build_ids["prog"]
+    NativeSymbolizer(debug_dirs=()).symbolize(str(built.prog), bid, [offset_of(built.prog, "main", 4)])
+    assert os.path.exists(SymbolCache(str(tmp_path / "envcache")).path_for(bid))
+
+
+def test_parse_errors_give_unknowns(built: Built, sym: NativeSymbolizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: object, offsets: object) -> dict[int, tuple[str, int, str, int]]:
+        raise SymbolizeError("prog: broken")
+
+    monkeypatch.setattr(native_mod._Binary, "resolve", broken)
+    assert one(sym, built.prog, 0x1000) == Frame("[unknown]", UNKNOWN, "prog")
