@@ -20,7 +20,8 @@ demo: setup examples ## profile the bundled mini inference loop for 5 s and writ
 
 lint: setup ## ruff and mypy
 	$(PY) -m ruff check aiflame agent symbolize exporters tests bench
-	$(PY) -m mypy aiflame/model.py aiflame/raw.py agent symbolize exporters
+	$(PY) -m mypy -p aiflame
+	$(PY) -m mypy tests bench
 
 test: setup examples ## lint, type-check, unit tests and real BPF integration tests
 	$(MAKE) -s lint
@@ -30,7 +31,7 @@ bench: setup examples ## benchmarks (minutes); results go to bench/results/ and 
 	$(PY) bench/run.py
 
 proto: setup ## regenerate agent/aiflame_capture_pb2.py from the schema
-	$(PY) -m grpc_tools.protoc -Iagent --python_out=agent agent/aiflame_capture.proto
+	$(PY) -m grpc_tools.protoc -Iagent --python_out=agent --pyi_out=agent agent/aiflame_capture.proto
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf out build *.egg-info .mypy_cache .ruff_cache .pytest_cache

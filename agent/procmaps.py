@@ -8,6 +8,7 @@ from aiflame.raw import Mapping, ProcessSnapshot
 from aiflame.symbolize.elf import read_build_id
 from aiflame.symbolize.errors import SymbolizeError
 
+
 class BuildIdCache:
     """Build ids keyed by (device, inode, path) so each file is read once per agent run."""
 

@@ -61,7 +61,7 @@ def bpf_source(config: SamplerConfig) -> str:
     return defines + SOURCE.read_text().replace('#include "aiflame.h"', header)
 
 
-_S_OFF = {name: getattr(SampleRec, name).offset for name, _ in SampleRec._fields_}
+_S_OFF = {f[0]: getattr(SampleRec, f[0]).offset for f in SampleRec._fields_}
 _HEAD = struct.Struct("<IIQIIii16s")  # kind..comm of sample_rec
 _P_HEAD = struct.Struct("<IIQII16s")
 assert _HEAD.size == _S_OFF["user"] and _P_HEAD.size == ctypes.sizeof(ProcRec)

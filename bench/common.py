@@ -70,4 +70,4 @@ def conditions() -> dict[str, object]:
 
 
 def run_quiet(cmd: list[str], **kw: object) -> subprocess.Popen[str]:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, **kw)  # type: ignore[call-overload]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, **kw)  # type: ignore[call-overload, no-any-return]

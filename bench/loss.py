@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
 from common import EXAMPLES, aiflame_cmd, conditions, save
-import subprocess
 
 
 def main() -> None:

@@ -1,0 +1,153 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Header(_message.Message):
+    __slots__ = ("format_version", "aiflame_version", "host", "kernel", "machine", "frequency_hz", "event", "start_wall_ns", "start_mono_ns", "argv", "target", "meta")
+    class MetaEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AIFLAME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_HZ_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    START_WALL_NS_FIELD_NUMBER: _ClassVar[int]
+    START_MONO_NS_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    format_version: int
+    aiflame_version: str
+    host: str
+    kernel: str
+    machine: str
+    frequency_hz: int
+    event: str
+    start_wall_ns: int
+    start_mono_ns: int
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    target: str
+    meta: _containers.ScalarMap[str, str]
+    def __init__(self, format_version: _Optional[int] = ..., aiflame_version: _Optional[str] = ..., host: _Optional[str] = ..., kernel: _Optional[str] = ..., machine: _Optional[str] = ..., frequency_hz: _Optional[int] = ..., event: _Optional[str] = ..., start_wall_ns: _Optional[int] = ..., start_mono_ns: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., target: _Optional[str] = ..., meta: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("time_ns", "pid", "tid", "cpu", "comm", "user", "kern", "user_err", "kern_err", "weight")
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    TID_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    KERN_FIELD_NUMBER: _ClassVar[int]
+    USER_ERR_FIELD_NUMBER: _ClassVar[int]
+    KERN_ERR_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    time_ns: int
+    pid: int
+    tid: int
+    cpu: int
+    comm: str
+    user: _containers.RepeatedScalarFieldContainer[int]
+    kern: _containers.RepeatedScalarFieldContainer[int]
+    user_err: int
+    kern_err: int
+    weight: int
+    def __init__(self, time_ns: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., cpu: _Optional[int] = ..., comm: _Optional[str] = ..., user: _Optional[_Iterable[int]] = ..., kern: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., kern_err: _Optional[int] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class Mapping(_message.Message):
+    __slots__ = ("start", "end", "file_offset", "path", "build_id", "perms")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    FILE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    PERMS_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    file_offset: int
+    path: str
+    build_id: str
+    perms: str
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., file_offset: _Optional[int] = ..., path: _Optional[str] = ..., build_id: _Optional[str] = ..., perms: _Optional[str] = ...) -> None: ...
+
+class Process(_message.Message):
+    __slots__ = ("pid", "ppid", "comm", "cmdline", "exe", "time_ns", "mappings", "exec_seq")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PPID_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    CMDLINE_FIELD_NUMBER: _ClassVar[int]
+    EXE_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    MAPPINGS_FIELD_NUMBER: _ClassVar[int]
+    EXEC_SEQ_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    ppid: int
+    comm: str
+    cmdline: _containers.RepeatedScalarFieldContainer[str]
+    exe: str
+    time_ns: int
+    mappings: _containers.RepeatedCompositeFieldContainer[Mapping]
+    exec_seq: int
+    def __init__(self, pid: _Optional[int] = ..., ppid: _Optional[int] = ..., comm: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., time_ns: _Optional[int] = ..., mappings: _Optional[_Iterable[_Union[Mapping, _Mapping]]] = ..., exec_seq: _Optional[int] = ...) -> None: ...
+
+class KernelSymbol(_message.Message):
+    __slots__ = ("addr", "name")
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    addr: int
+    name: str
+    def __init__(self, addr: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class KernelSymbols(_message.Message):
+    __slots__ = ("symbols",)
+    SYMBOLS_FIELD_NUMBER: _ClassVar[int]
+    symbols: _containers.RepeatedCompositeFieldContainer[KernelSymbol]
+    def __init__(self, symbols: _Optional[_Iterable[_Union[KernelSymbol, _Mapping]]] = ...) -> None: ...
+
+class Footer(_message.Message):
+    __slots__ = ("end_wall_ns", "end_mono_ns", "samples", "counters", "stop_reason", "agent_cpu_s")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    END_WALL_NS_FIELD_NUMBER: _ClassVar[int]
+    END_MONO_NS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CPU_S_FIELD_NUMBER: _ClassVar[int]
+    end_wall_ns: int
+    end_mono_ns: int
+    samples: int
+    counters: _containers.ScalarMap[str, int]
+    stop_reason: str
+    agent_cpu_s: float
+    def __init__(self, end_wall_ns: _Optional[int] = ..., end_mono_ns: _Optional[int] = ..., samples: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., stop_reason: _Optional[str] = ..., agent_cpu_s: _Optional[float] = ...) -> None: ...
+
+class Record(_message.Message):
+    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_SYMBOLS_FIELD_NUMBER: _ClassVar[int]
+    FOOTER_FIELD_NUMBER: _ClassVar[int]
+    header: Header
+    sample: Sample
+    process: Process
+    kernel_symbols: KernelSymbols
+    footer: Footer
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ...) -> None: ...

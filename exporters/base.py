@@ -1,0 +1,165 @@
+"""What every exporter shares: the `Exporter` interface, its options, errors, and frame labels.
+
+An exporter is a small class: options go to its constructor, `render()` turns a `Profile` into bytes and
+`write()` puts those bytes on disk atomically. The registry in `aiflame.exporters` maps format names to
+exporter classes.
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from aiflame.model import Frame, FrameKind, Profile, Stack
+
+__all__ = ["ExportError", "Exporter", "Option", "StackLabeler", "frame_label", "sanitize_label"]
+
+
+class ExportError(ValueError):
+    """A problem the user can fix (bad option, malformed input file); the message is one line."""
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One keyword argument of an exporter's constructor, as the CLI offers it (`--opt name=value`)."""
+
+    name: str
+    type: builtins.type[object]  # int, float, str or bool
+    default: object
+    help: str
+
+    def parse(self, text: str) -> object:
+        """Convert a command-line string to this option's type; raises ExportError if it does not fit."""
+        if self.type is bool:
+            word = text.strip().lower()
+            if word in _TRUE:
+                return True
+            if word in _FALSE:
+                return False
+            raise ExportError(f"option {self.name}: expected a boolean (1/0/true/false/yes/no), got {text!r}")
+        if self.type is int or self.type is float:
+            try:
+                return int(text) if self.type is int else float(text)
+            except ValueError:
+                kind = "an integer" if self.type is int else "a number"
+                raise ExportError(f"option {self.name}: expected {kind}, got {text!r}") from None
+        return text
+
+    def check(self, value: object) -> object:
+        """Validate a Python value for this option (ints pass for floats); returns the value to use."""
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        # bool is a subclass of int, so an int option must not silently take True/False.
+        ok = isinstance(value, self.type) and not (self.type is not bool and isinstance(value, bool))
+        if not ok:
+            raise ExportError(
+                f"option {self.name}: expected {self.type.__name__}, got {type(value).__name__} {value!r}"
+            )
+        return value
+
+
+class Exporter(abc.ABC):
+    """Turns a Profile into one output file. Subclasses take their `options` as constructor keywords."""
+
+    name: ClassVar[str]
+    extension: ClassVar[str]  # including the dot, e.g. ".folded"
+    description: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    @abc.abstractmethod
+    def render(self, profile: Profile) -> bytes:
+        """The complete file contents for `profile`."""
+
+    def write(self, profile: Profile, path: Path) -> None:
+        """Render `profile` and write it to `path` atomically (a temporary file renamed into place)."""
+        data = self.render(profile)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            # os.open rather than mkstemp: the result should get normal (umask) permissions, not 0600.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
+
+
+# Characters that end a line for str.splitlines(); any of them would split a folded line in some reader.
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_LABEL_TABLE = str.maketrans({";": ":", **{c: " " for c in _LINE_BREAKS}})
+
+_SUFFIX = {
+    FrameKind.KERNEL: "_[k]",
+    FrameKind.ACCEL_SOURCE: "_[G]",
+    FrameKind.ACCEL_INSTR: "_[g]",
+    FrameKind.STALL: "_[g]",
+}
+
+
+def sanitize_label(text: str) -> str:
+    """Make text safe as one folded frame: `;` becomes `:`, line breaks become spaces."""
+    return text.translate(_LABEL_TABLE)
+
+
+def frame_label(frame: Frame, lines: bool = False) -> str:
+    """The frame's text in folded stacks and flame graphs, with flamegraph.pl/iaprof kind annotations.
+
+    Kernel `name_[k]`, accelerator source `name_[G]`, accelerator instruction or stall `name_[g]`,
+    separator `-`, Python `py::name (file:line)`; other kinds are the bare name, plus ` [file:line]` when
+    `lines` is set and the file is known.
+    """
+    kind = frame.kind
+    suffix = _SUFFIX.get(kind)
+    if suffix is not None:
+        text = frame.name + suffix
+    elif kind == FrameKind.SEPARATOR:
+        return "-"
+    elif kind == FrameKind.PYTHON:
+        text = "py::" + frame.name
+        if frame.file:
+            text += f" ({frame.file}:{frame.line})" if frame.line else f" ({frame.file})"
+    elif lines and frame.file:
+        text = f"{frame.name} [{frame.file}:{frame.line}]" if frame.line else f"{frame.name} [{frame.file}]"
+    else:
+        text = frame.name
+    return sanitize_label(text)
+
+
+class StackLabeler:
+    """`frame_label` over many stacks, computed once per frame object and once per stack object.
+
+    Keyed by id() because Frame's generated __hash__ runs in Python and dominated large renders. Each
+    entry keeps its object alive, so an id cannot be reused by another object while the cache exists.
+    """
+
+    def __init__(self, lines: bool = False) -> None:
+        self.lines = lines
+        self._frames: dict[int, tuple[Frame, str]] = {}
+        self._stacks: dict[int, tuple[Stack, tuple[str, ...]]] = {}
+
+    def label(self, frame: Frame) -> str:
+        hit = self._frames.get(id(frame))
+        if hit is None:
+            hit = self._frames[id(frame)] = (frame, frame_label(frame, self.lines))
+        return hit[1]
+
+    def labels(self, stack: Stack) -> tuple[str, ...]:
+        hit = self._stacks.get(id(stack))
+        if hit is None:
+            label = self.label
+            hit = self._stacks[id(stack)] = (stack, tuple([label(f) for f in stack]))
+        return hit[1]
