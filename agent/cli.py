@@ -106,8 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(console: Console, msg: str, code: int = 1) -> int:
-    console.print(f"[bold red]aiflame: error:[/] {msg}", highlight=False, soft_wrap=True)
+def _fail(_console: Console, msg: str, code: int = 1) -> int:
+    """One line on stderr and the exit status."""
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[bold red]aiflame: error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     return code
 
 

@@ -1,0 +1,105 @@
+"""Bad input gets one clear line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aiflame.agent.cli import main
+from tests.conftest import REPO
+from tests.integration.conftest import aiflame
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], pattern: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert pattern in lines[0], lines[0]
+
+
+def test_no_such_pid(tmp_path: Path) -> None:
+    _one_line_error(aiflame("profile", "-p", "999999", "-o", str(tmp_path), check=False), "no such process: 999999")
+
+
+def test_command_not_found(tmp_path: Path) -> None:
+    _one_line_error(aiflame("profile", "-o", str(tmp_path), "--", "no-such-cmd-xyz", check=False),
+                    "command not found: no-such-cmd-xyz")
+
+
+def test_output_dir_not_writable(tmp_path: Path, examples: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("")
+    _one_line_error(aiflame("profile", "-o", str(f / "sub"), "--", str(examples / "cpu_split"), "1", check=False),
+                    "cannot create output directory")
+
+
+def test_pid_and_command_together(tmp_path: Path) -> None:
+    _one_line_error(aiflame("profile", "-p", "1", "--", "true", check=False), "not both")
+
+
+def test_nothing_to_profile() -> None:
+    _one_line_error(aiflame("profile", check=False), "nothing to profile")
+
+
+def test_not_root(tmp_path: Path, examples: Path) -> None:
+    if shutil.which("setpriv") is None:
+        pytest.fail("setpriv (util-linux) is needed to run a command as another user")
+    out = tmp_path / "o"
+    out.mkdir()
+    os.chmod(tmp_path, 0o777)
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "aiflame", "profile",
+         "-o", str(out), "--", str(examples / "cpu_split"), "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)},
+    )
+    _one_line_error(proc, "must run as root")
+
+
+def test_pid_exits_before_attach(tmp_path: Path) -> None:
+    short = subprocess.Popen(["sleep", "0.3"])
+    try:
+        time.sleep(0.05)
+        proc = aiflame("profile", "-p", str(short.pid), "-o", str(tmp_path), check=False)
+    finally:
+        short.wait()
+    # Either the pid was gone before the checks (no such process) or died while BPF compiled.
+    assert proc.returncode != 0
+    assert "exited before the sampler attached" in proc.stderr or "has already exited" in proc.stderr \
+        or "no such process" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bpf_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import bcc
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise Exception("Failed to compile BPF module <text>")
+
+    monkeypatch.setattr(bcc, "BPF", broken)
+    rc = main(["profile", "-q", "-o", str(tmp_path), "--", "true"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "cannot load the BPF sampler" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content,pattern", [
+    (b"", "not an aiflame capture"),
+    (b"hello world, not a capture", "not an aiflame capture"),
+    (b"AIFLCAP\n\x05ab", "truncated"),
+])
+def test_export_bad_captures(tmp_path: Path, content: bytes, pattern: str) -> None:
+    bad = tmp_path / "bad.aiflame"
+    bad.write_bytes(content)
+    _one_line_error(aiflame("export", str(bad), "-f", "folded", check=False), pattern)
+
+
+def test_export_missing_file_and_unknown_format(tmp_path: Path) -> None:
+    _one_line_error(aiflame("export", str(tmp_path / "nope"), "-f", "folded", check=False), "No such file")
+    _one_line_error(aiflame("export", str(tmp_path / "nope"), "-f", "gif", check=False), "unknown format")
