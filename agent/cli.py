@@ -19,6 +19,7 @@ from aiflame.exporters.base import ExportError
 from aiflame.exporters.folded import parse_folded
 from aiflame.model import Profile
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
 USER_ERRORS = (CaptureError, SamplerError, SessionError, ExportError, SymbolizeError)
@@ -57,6 +58,8 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--group", choices=("process", "thread", "none"), default="process",
                    help="root frames: process name (default), process and thread, or none")
     g.add_argument("--no-kernel", action="store_true", help="leave kernel frames out")
+    g.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
+                   help="extra directory of separate debug files (DIR/.build-id/xx/yyyy.debug); repeatable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,7 +131,8 @@ def _load_profile(path: Path, args: argparse.Namespace) -> Profile:
     from aiflame.agent.capture import MAGIC
 
     if head == MAGIC or args.cmd == "export":
-        return symbolize_capture(read_capture(path), options=_view(args))
+        native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
+        return symbolize_capture(read_capture(path), native, options=_view(args))
     try:
         text = path.read_text()
     except UnicodeDecodeError:
@@ -159,7 +163,8 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     progress = _Progress(err, quiet=args.quiet)
     with progress:
         result = Session(cfg, on_progress=progress.update).run()
-    prof = symbolize_capture(read_capture(result.capture), options=_view(args))
+    native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
+    prof = symbolize_capture(read_capture(result.capture), native, options=_view(args))
     written = [result.capture]
     for name in formats:
         options: dict[str, object] = {}

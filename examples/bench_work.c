@@ -1,7 +1,8 @@
 /* Fixed CPU-bound work on N threads, for overhead benchmarks: waits DELAY seconds (so a profiler can attach),
- * then runs ITERS thousand rounds per thread and prints the work's wall time in seconds.
+ * (a negative DELAY waits for one byte on stdin instead), then runs ITERS thousand rounds per thread and prints the work's wall time and CPU time (user+sys) in seconds.
  * Usage: bench_work [threads] [iters_thousands] [delay_s] */
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -42,13 +43,23 @@ int main(int argc, char **argv) {
     double delay = argc > 3 ? atof(argv[3]) : 0;
     if (threads < 1 || threads > 64)
         return 2;
-    usleep((useconds_t)(delay * 1e6));
+    if (delay < 0) {
+        char c;
+        if (read(0, &c, 1) != 1)
+            return 3;
+    } else {
+        usleep((useconds_t)(delay * 1e6));
+    }
     pthread_t t[64];
     double t0 = now();
     for (long i = 0; i < threads; i++)
         pthread_create(&t[i], NULL, worker, (void *)(i + 1));
     for (int i = 0; i < threads; i++)
         pthread_join(t[i], NULL);
-    printf("%.6f\n", now() - t0);
+    double wall = now() - t0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("%.6f %.6f\n", wall, ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec +
+                                     ru.ru_stime.tv_usec / 1e6);
     return 0;
 }

@@ -120,8 +120,8 @@ def have_tools() -> bool:
     return all(shutil.which(t) for t in TOOLS)
 
 
-def run(*cmd: str | Path) -> str:
-    return subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True).stdout
+def run(*cmd: str | Path, cwd: Path | None = None) -> str:
+    return subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True, cwd=cwd).stdout
 
 
 def marker_line(src: Path, mark: str) -> int:
@@ -163,6 +163,15 @@ def plt_stubs(path: Path) -> dict[str, int]:
     return {m.group(2): int(m.group(1), 16) for m in re.finditer(r"^([0-9a-f]+) <(\S+@plt)>:", out, re.M)}
 
 
+def section_offset(path: Path, name: str) -> int:
+    """File offset of section `name`, from readelf."""
+    for line in run("readelf", "-SW", path).splitlines():
+        parts = line.replace("[ ", "[").split()
+        if len(parts) > 4 and parts[1] == name:
+            return int(parts[4], 16)
+    raise KeyError(name)
+
+
 def load_segments(path: Path) -> list[tuple[int, int, int]]:
     """(offset, vaddr, filesz) of each PT_LOAD, from readelf."""
     segs = []
@@ -189,6 +198,16 @@ def addr2line(path: Path, vaddrs: list[int]) -> list[tuple[str, int] | None]:
         num = num.split()[0] if num.split() else ""
         res.append((file, int(num)) if file != "??" and num.isdigit() and int(num) else None)
     return res
+
+
+def decoded_lines(path: Path) -> dict[int, int]:
+    """Address -> line of the last row at that address in readelf's decoded line table."""
+    rows: dict[int, int] = {}
+    for line in run("readelf", "--debug-dump=decodedline", path).splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1].isdigit() and parts[2].startswith("0x"):
+            rows[int(parts[2], 16)] = int(parts[1])
+    return rows
 
 
 def build_all(base: Path) -> Built:
@@ -242,8 +261,24 @@ def build_all(base: Path) -> Built:
     cpp = base / "cppdemo"
     run("g++", "-g", *cflags, "-o", cpp, cpp_src)
 
-    built = Built(base, src, prog, prog_nog, prog_nopie, prog_nobid, prog_stripped, prog_linked, prog_linked_sub,
-                  prog_bid, bid_debug_dir, lib, lib_stripped, cpp, cpp_src, lib_src)
+    built = Built(
+        base,
+        src,
+        prog,
+        prog_nog,
+        prog_nopie,
+        prog_nobid,
+        prog_stripped,
+        prog_linked,
+        prog_linked_sub,
+        prog_bid,
+        bid_debug_dir,
+        lib,
+        lib_stripped,
+        cpp,
+        cpp_src,
+        lib_src,
+    )
     for p in (prog, prog_nog, prog_nopie, prog_stripped, lib, cpp):
         b = readelf_build_id(p)
         assert b, p

@@ -21,6 +21,7 @@ from aiflame.symbolize.errors import SymbolizeError
 from tests.unit.elf_builders import (
     Built,
     addr2line,
+    decoded_lines,
     get_built,
     load_segments,
     marker_line,
@@ -36,12 +37,20 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return get_built(tmp_path_factory)
 
 
-# --- read_build_id --------------------------------------------------------------------------------------------
+# --- read_build_id ------------------------------------------------------------------------------------------
 
 
 def test_read_build_id_matches_readelf_and_file(built: Built) -> None:
-    for p in (built.prog, built.prog_nog, built.prog_nopie, built.prog_stripped, built.lib, built.cpp,
-              built.prog_linked, built.lib_stripped):  # fmt: skip
+    for p in (
+        built.prog,
+        built.prog_nog,
+        built.prog_nopie,
+        built.prog_stripped,
+        built.lib,
+        built.cpp,
+        built.prog_linked,
+        built.lib_stripped,
+    ):
         bid = read_build_id(p)
         assert bid == readelf_build_id(p), p
         assert bid is not None and bid == bid.lower() and len(bid) == 40
@@ -64,7 +73,8 @@ def test_read_build_id_none_without_note(built: Built) -> None:
 
 
 @pytest.mark.parametrize(
-    "content", [b"", b"hello world, not an elf\n", b"\x7fELF", b"\x7fELF\x02\x01\x01" + b"\0" * 9, b"\x7fELF\x07\x01"]
+    "content",
+    [b"", b"hello world, not an elf\n", b"\x7fELF", b"\x7fELF\x02\x01\x01" + b"\0" * 9, b"\x7fELF\x07\x01"],
 )
 def test_read_build_id_rejects_non_elf(tmp_path: Path, content: bytes) -> None:
     p = tmp_path / "f"
@@ -99,7 +109,7 @@ def test_read_build_id_is_fast_on_a_large_binary(built: Built) -> None:
     assert statistics.median(times) < 1e-3, (path, statistics.median(times))
 
 
-# --- ElfFile: layout and symbols --------------------------------------------------------------------------------
+# --- ElfFile: layout and symbols ----------------------------------------------------------------------------
 
 
 def test_elf_properties(built: Built) -> None:
@@ -205,7 +215,7 @@ def test_plt_with_ibt_layout(tmp_path: Path, built: Built) -> None:
     assert stubs and all(ours.get(a) == n for n, a in stubs.items())
 
 
-# --- DWARF line tables --------------------------------------------------------------------------------------------
+# --- DWARF line tables --------------------------------------------------------------------------------------
 
 
 def _function_addrs(path: Path, names: tuple[str, ...]) -> list[int]:
@@ -216,8 +226,12 @@ def _function_addrs(path: Path, names: tuple[str, ...]) -> list[int]:
 @pytest.mark.parametrize("which", ["prog", "prog_nopie", "lib", "debugfile"])
 def test_line_table_agrees_with_addr2line(built: Built, which: str) -> None:
     names: tuple[str, ...] = ("add_numbers", "loop_sum", "main", "static_helper")
-    path = {"prog": built.prog, "prog_nopie": built.prog_nopie, "lib": built.lib,
-            "debugfile": built.dir / "prog_linked.debug"}[which]  # fmt: skip
+    path = {
+        "prog": built.prog,
+        "prog_nopie": built.prog_nopie,
+        "lib": built.lib,
+        "debugfile": built.dir / "prog_linked.debug",
+    }[which]
     if which == "lib":
         names = ("lib_exported", "lib_private")
     addrs = _function_addrs(path, names)
@@ -260,6 +274,27 @@ def test_line_table_without_aranges(tmp_path: Path, built: Built) -> None:
         assert [table.lookup(a) for a in addrs] == addr2line(stripped, addrs)
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [("-O2", "-ffunction-sections"), ("-O2", "-gsplit-dwarf"), ("-O2", "-ffunction-sections", "-gdwarf-4")],
+)
+def test_line_table_from_cu_ranges(tmp_path: Path, built: Built, flags: tuple[str, ...]) -> None:
+    """Without aranges, CUs are placed by DW_AT_ranges (v5 rnglists, v4 ranges; split-DWARF skeletons too)."""
+    out = tmp_path / "ranges"
+    run("gcc", "-g", *flags, "-o", out, built.src, cwd=tmp_path)
+    run("objcopy", "--remove-section=.debug_aranges", out)
+    rows = decoded_lines(out)  # addr2line cannot read split DWARF; readelf's decoded table can
+    assert len(rows) > 20
+    with ElfFile.open(out) as e:
+        assert e.dwarf_section("aranges") is None
+        assert e.dwarf_section("rnglists" if "-gdwarf-4" not in flags else "ranges") is not None
+        table = LineTable(e)
+        got = {a: table.lookup(a) for a in rows}
+    assert {a: (g[1] if g else None) for a, g in got.items()} == rows
+    files = {g[0] for g in got.values() if g}
+    assert str(built.src) in files and all(os.path.isabs(f) for f in files)  # stdlib.h: inlined atol()
+
+
 def test_line_table_with_compressed_sections(tmp_path: Path, built: Built) -> None:
     z = tmp_path / "zdebug"
     run("objcopy", "--compress-debug-sections=zlib", built.prog, z)
@@ -280,14 +315,21 @@ def test_line_table_dwarf4(tmp_path: Path, built: Built) -> None:
     assert all(g is not None and g[0] == str(built.src) for g in got)
 
 
-# --- demangling ---------------------------------------------------------------------------------------------------
+# --- demangling ---------------------------------------------------------------------------------------------
 
 
 def test_demangle_itanium_names() -> None:
-    names = ["_ZN4demo6detail10scaled_sumIiEET_RKSt6vectorIS2_SaIS2_EES2_", "main", "_Z", "i", "_ZNK4demo6Engine3runEi"]
+    names = [
+        "_ZN4demo6detail10scaled_sumIiEET_RKSt6vectorIS2_SaIS2_EES2_",
+        "main",
+        "_Z",
+        "i",
+        "_ZNK4demo6Engine3runEi",
+    ]
     d = demangle(names)
     assert d["_ZNK4demo6Engine3runEi"] == "demo::Engine::run(int) const"
-    assert d["_ZN4demo6detail10scaled_sumIiEET_RKSt6vectorIS2_SaIS2_EES2_"].startswith("int demo::detail::scaled_sum<int>(")
+    tmpl = d["_ZN4demo6detail10scaled_sumIiEET_RKSt6vectorIS2_SaIS2_EES2_"]
+    assert tmpl.startswith("int demo::detail::scaled_sum<int>(")
     assert d["main"] == "main" and d["_Z"] == "_Z" and d["i"] == "i"  # failures and plain names stay
     assert demangle(["_Znwm@plt"])["_Znwm@plt"] == "operator new(unsigned long)@plt"
     assert is_mangled("_ZN1a1bEv") and not is_mangled("printf")
@@ -298,7 +340,10 @@ def test_demangle_itanium_names() -> None:
     [
         ("void foo::bar<int>(int)", "foo::bar<int>"),
         ("foo() [clone .cold]", "foo [clone .cold]"),
-        ("std::vector<int, std::allocator<int> >::size() const", "std::vector<int, std::allocator<int> >::size"),
+        (
+            "std::vector<int, std::allocator<int> >::size() const",
+            "std::vector<int, std::allocator<int> >::size",
+        ),
         ("main::{lambda(int)#1}::operator()(int) const", "main::{lambda(int)#1}::operator()"),
         ("foo(int)::{lambda()#1}::operator()() const", "foo::{lambda()#1}::operator()"),
         ("(anonymous namespace)::baz()", "(anonymous namespace)::baz"),
@@ -319,7 +364,7 @@ def test_short_name(text: str, short: str) -> None:
     assert short_name(text) == short
 
 
-# --- debug files --------------------------------------------------------------------------------------------------
+# --- debug files --------------------------------------------------------------------------------------------
 
 
 def test_find_debug_file_by_build_id(built: Built) -> None:

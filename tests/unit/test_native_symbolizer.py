@@ -18,7 +18,16 @@ from aiflame.symbolize.cache import SymbolCache
 from aiflame.symbolize.elf import ElfFile
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
-from tests.unit.elf_builders import Built, get_built, marker_line, readelf_functions, vaddr_to_offset
+from tests.unit.elf_builders import (
+    Built,
+    get_built,
+    line_of,
+    marker_line,
+    plt_stubs,
+    readelf_functions,
+    section_offset,
+    vaddr_to_offset,
+)
 
 NATIVE, CPP, UNKNOWN = FrameKind.NATIVE, FrameKind.NATIVE_CPP, FrameKind.UNKNOWN
 
@@ -34,7 +43,7 @@ def sym(tmp_path: Path) -> NativeSymbolizer:
 
 
 def offset_of(layout: Path, func: str, delta: int = 0, symbols_from: Path | None = None) -> int:
-    """File offset of `func`+delta; addresses from `symbols_from` (an unstripped twin), layout from `layout`."""
+    """File offset of `func`+delta: address from `symbols_from` (an unstripped twin), layout of `layout`."""
     addr = readelf_functions(symbols_from or layout)[func][0] + delta
     return vaddr_to_offset(layout, addr)
 
@@ -75,8 +84,6 @@ def test_zero_size_symbol(built: Built, sym: NativeSymbolizer) -> None:
 
 
 def test_plt_stub(built: Built, sym: NativeSymbolizer) -> None:
-    from tests.unit.elf_builders import plt_stubs
-
     addr = plt_stubs(built.prog)["puts@plt"]
     assert one(sym, built.prog, vaddr_to_offset(built.prog, addr + 4)).name == "puts@plt"
 
@@ -92,8 +99,12 @@ def test_shared_library(built: Built, sym: NativeSymbolizer) -> None:
 def test_stripped_library_exports_only(built: Built, sym: NativeSymbolizer) -> None:
     off = offset_of(built.lib_stripped, "lib_exported", 5, symbols_from=built.lib)
     assert one(sym, built.lib_stripped, off) == Frame("lib_exported", NATIVE, "libdemo_stripped.so")
-    priv = one(sym, built.lib_stripped, offset_of(built.lib_stripped, "lib_private", 2, symbols_from=built.lib))
-    assert priv == Frame("[unknown]", UNKNOWN, "libdemo_stripped.so")  # static: not in .dynsym, nothing before it
+    priv = one(
+        sym, built.lib_stripped, offset_of(built.lib_stripped, "lib_private", 2, symbols_from=built.lib)
+    )
+    assert priv == Frame(
+        "[unknown]", UNKNOWN, "libdemo_stripped.so"
+    )  # static: not in .dynsym, nothing before it
 
 
 def test_stripped_executable_without_debug_file(built: Built, sym: NativeSymbolizer) -> None:
@@ -117,8 +128,11 @@ def test_build_id_debug_dir(built: Built, tmp_path: Path) -> None:
     f = one(s, built.prog_bid, off, built.build_ids["prog"])
     assert (f.name, f.file, f.module) == ("loop_sum", str(built.src), "prog_bid") and f.line > 0
     # Same, with the build id left for the symbolizer to read from the binary.
-    f2 = one(NativeSymbolizer(cache_dir=str(tmp_path / "2"), debug_dirs=[str(built.bid_debug_dir)]),
-             built.prog_bid, off)  # fmt: skip
+    f2 = one(
+        NativeSymbolizer(cache_dir=str(tmp_path / "2"), debug_dirs=[str(built.bid_debug_dir)]),
+        built.prog_bid,
+        off,
+    )
     assert f2 == f
 
 
@@ -144,24 +158,16 @@ def test_cpp_names_are_demangled_and_short(built: Built, sym: NativeSymbolizer) 
     assert frames[run_off].name == "demo::Engine::run" and frames[run_off].kind == CPP
     assert {frames[o].name for o in tmpl_offs} == {"demo::detail::scaled_sum<int>"}
     assert {frames[o].kind for o in tmpl_offs} == {CPP}
-    assert (str(built.cpp_src), marker_line(built.cpp_src, "cpp_body")) in {(frames[o].file, frames[o].line)
-                                                                             for o in tmpl_offs}  # fmt: skip
+    assert (str(built.cpp_src), marker_line(built.cpp_src, "cpp_body")) in {
+        (frames[o].file, frames[o].line) for o in tmpl_offs
+    }
     main_off = offset_of(built.cpp, "main", 4)
-    assert one(sym, built.cpp, main_off) == Frame("main", NATIVE, "cppdemo", str(built.cpp_src),
-                                                   frames_line(built, "int main()"))  # fmt: skip
-
-
-def frames_line(built: Built, text: str) -> int:
-    from tests.unit.elf_builders import line_of
-
-    return line_of(built.cpp_src, text)
+    main_line = line_of(built.cpp_src, "int main()")
+    assert one(sym, built.cpp, main_off) == Frame("main", NATIVE, "cppdemo", str(built.cpp_src), main_line)
 
 
 def test_unknown_offsets_keep_their_module(built: Built, sym: NativeSymbolizer) -> None:
-    rodata = int(
-        next(line.split()[4] for line in subprocess.run(["readelf", "-SW", str(built.prog)], capture_output=True,
-             text=True, check=True).stdout.splitlines() if " .rodata " in line), 16)  # fmt: skip
-    offs = [10**9, rodata, -5, 0]
+    offs = [10**9, section_offset(built.prog, ".rodata"), -5, 0]
     frames = sym.symbolize(str(built.prog), None, offs)
     assert set(frames) == set(offs)
     assert all(f == Frame("[unknown]", UNKNOWN, "prog") for f in frames.values())
@@ -180,6 +186,16 @@ def test_unreadable_binary_gives_unknowns(tmp_path: Path, sym: NativeSymbolizer,
     assert frames == dict.fromkeys([1, 2, 0x1000], Frame("[unknown]", UNKNOWN, "libgone.so"))
 
 
+def test_binary_that_appears_later_is_symbolized(built: Built, tmp_path: Path, sym: NativeSymbolizer) -> None:
+    path = tmp_path / "late" / "prog"
+    off = offset_of(built.prog, "main", 4)
+    bid = built.build_ids["prog"]
+    assert one(sym, path, off, bid).kind == UNKNOWN
+    path.parent.mkdir()
+    shutil.copy(built.prog, path)
+    assert one(sym, path, off, bid).name == "main"  # the earlier failure was not remembered
+
+
 def test_deleted_suffix_and_root(built: Built, tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "opt" / "app").mkdir(parents=True)
@@ -190,7 +206,7 @@ def test_deleted_suffix_and_root(built: Built, tmp_path: Path) -> None:
     assert (f.name, f.module) == ("main", "prog")
 
 
-# --- memo and disk cache ----------------------------------------------------------------------------------------
+# --- memo and disk cache ------------------------------------------------------------------------------------
 
 
 def _forbid_elf(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,14 +216,19 @@ def _forbid_elf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ElfFile, "open", classmethod(boom))
 
 
-def test_disk_cache_serves_a_fresh_symbolizer(built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_cache_serves_a_fresh_symbolizer(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = str(tmp_path / "cache")
     start, size = readelf_functions(built.cpp)["_ZNK4demo6Engine3runEi"]
     offs = [vaddr_to_offset(built.cpp, a) for a in range(start, start + size, 3)] + [10**9]
-    first = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.cpp), built.build_ids["cppdemo"], offs)
+    first = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(
+        str(built.cpp), built.build_ids["cppdemo"], offs
+    )
     _forbid_elf(monkeypatch)
-    second = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.cpp), built.build_ids["cppdemo"],
-                                                                        offs)  # fmt: skip
+    second = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(
+        str(built.cpp), built.build_ids["cppdemo"], offs
+    )
     assert second == first
     assert first[offs[0]].kind == CPP and first[10**9].kind == UNKNOWN
 
@@ -223,7 +244,8 @@ def test_disk_cache_in_a_new_process(built: Built, tmp_path: Path) -> None:
         "def boom(*a): raise SystemExit('ElfFile.open called')\n"
         "ElfFile.open = classmethod(boom)\n"
         "from aiflame.symbolize.native import NativeSymbolizer\n"
-        f"r = NativeSymbolizer(cache_dir={cache!r}, debug_dirs=()).symbolize({str(built.prog)!r}, {bid!r}, {offs!r})\n"
+        f"s = NativeSymbolizer(cache_dir={cache!r}, debug_dirs=())\n"
+        f"r = s.symbolize({str(built.prog)!r}, {bid!r}, {offs!r})\n"
         "print(json.dumps({str(k): [f.name, int(f.kind), f.module, f.file, f.line] for k, f in r.items()}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -254,9 +276,23 @@ def test_corrupt_cache_is_ignored_and_rewritten(built: Built, tmp_path: Path) ->
     off = offset_of(built.prog, "add_numbers", 4)
     expected = NativeSymbolizer(cache_dir=str(cache), debug_dirs=()).symbolize(str(built.prog), bid, [off])
     file = Path(SymbolCache(str(cache)).path_for(bid))
-    for garbage in (b"not gzip", gzip.compress(b"{not json"), gzip.compress(b'{"format": "aiflame-symbols"}'),
-                    gzip.compress(json.dumps({"format": "aiflame-symbols", "version": 1, "key": bid, "names": [],
-                                              "files": [], "entries": [[off, 5, 2, 0, 1]]}).encode())):  # fmt: skip
+    for garbage in (
+        b"not gzip",
+        gzip.compress(b"{not json"),
+        gzip.compress(b'{"format": "aiflame-symbols"}'),
+        gzip.compress(
+            json.dumps(
+                {
+                    "format": "aiflame-symbols",
+                    "version": 1,
+                    "key": bid,
+                    "names": [],
+                    "files": [],
+                    "entries": [[off, 5, 2, 0, 1]],
+                }
+            ).encode()
+        ),
+    ):
         file.write_bytes(garbage)
         got = NativeSymbolizer(cache_dir=str(cache), debug_dirs=()).symbolize(str(built.prog), bid, [off])
         assert got == expected
@@ -276,9 +312,13 @@ def test_cache_written_before_debug_file_appeared_is_stale(built: Built, tmp_pat
     cache = str(tmp_path / "cache")
     off = offset_of(built.prog_bid, "loop_sum", 4, symbols_from=built.prog)
     bid = built.build_ids["prog"]
-    before = one(NativeSymbolizer(cache_dir=cache, debug_dirs=[str(tmp_path / "empty")]), built.prog_bid, off, bid)
+    before = one(
+        NativeSymbolizer(cache_dir=cache, debug_dirs=[str(tmp_path / "empty")]), built.prog_bid, off, bid
+    )
     assert before.name != "loop_sum"
-    after = one(NativeSymbolizer(cache_dir=cache, debug_dirs=[str(built.bid_debug_dir)]), built.prog_bid, off, bid)
+    after = one(
+        NativeSymbolizer(cache_dir=cache, debug_dirs=[str(built.bid_debug_dir)]), built.prog_bid, off, bid
+    )
     assert after.name == "loop_sum" and after.line > 0
 
 
@@ -289,7 +329,9 @@ def test_cache_dir_from_environment(built: Built, tmp_path: Path, monkeypatch: p
     assert os.path.exists(SymbolCache(str(tmp_path / "envcache")).path_for(bid))
 
 
-def test_parse_errors_give_unknowns(built: Built, sym: NativeSymbolizer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parse_errors_give_unknowns(
+    built: Built, sym: NativeSymbolizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(self: object, offsets: object) -> dict[int, tuple[str, int, str, int]]:
         raise SymbolizeError("prog: broken")
 

@@ -1,0 +1,148 @@
+"""On-disk cache of resolved symbols, one gzip'd JSON file per binary (keyed by build id).
+
+A later agent process symbolizing the same binary reads this instead of parsing ELF and DWARF again. The cache
+is only an accelerator: a missing, unreadable, corrupt or other-version file reads as empty (and is rewritten
+by the next store); writes are atomic (temp file + rename) and their failures are ignored.
+
+Format, version 1::
+
+    {"format": "aiflame-symbols", "version": 1, "key": KEY, "debug_file": PATH or null,
+     "names": [NAME, ...], "files": [FILE, ...],
+     "entries": [[FILE_OFFSET, NAME_INDEX, FRAME_KIND, FILE_INDEX, LINE], ...]}
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+
+from aiflame.model import FrameKind
+
+__all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "aiflame-symbols"
+VERSION = 1
+
+Entry = tuple[str, int, str, int]
+"""A resolved file offset: (name, FrameKind value, source file, line)."""
+
+_KINDS = frozenset(int(k) for k in FrameKind)
+_SAFE_KEY = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,127}$")
+
+
+def default_cache_dir() -> str:
+    """$AIFLAME_CACHE, else ~/.cache/aiflame/symbols."""
+    env = os.environ.get("AIFLAME_CACHE")
+    if env:
+        return env
+    return os.path.join(os.path.expanduser("~"), ".cache", "aiflame", "symbols")
+
+
+@dataclass
+class CachedSymbols:
+    """What one cache file holds: resolved entries, and the debug file (if any) they were resolved with."""
+
+    entries: dict[int, Entry] = field(default_factory=dict)
+    debug_file: str | None = None
+
+
+class SymbolCache:
+    """Per-binary files under `cache_dir` (default: `default_cache_dir()`)."""
+
+    def __init__(self, cache_dir: str | None = None) -> None:
+        self.dir = cache_dir or default_cache_dir()
+
+    def path_for(self, key: str) -> str:
+        """The file holding `key`; keys that are not plain names (build ids are) are hashed."""
+        if not _SAFE_KEY.match(key):
+            key = "h-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        return os.path.join(self.dir, key[:2], key + ".json.gz")
+
+    def load(self, key: str) -> CachedSymbols | None:
+        """The cached symbols of `key`, or None when absent or unusable."""
+        path = self.path_for(key)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.debug("symbol cache %s unreadable: %s", path, e)
+            return None
+        try:
+            doc = json.loads(gzip.decompress(raw))
+            return _decode(doc, key)
+        except (OSError, EOFError, zlib.error, ValueError, TypeError, KeyError, IndexError) as e:
+            log.debug("symbol cache %s ignored: %r", path, e)
+            return None
+
+    def store(self, key: str, symbols: CachedSymbols) -> None:
+        """Write all of `symbols` for `key` atomically; failures are logged and ignored."""
+        path = self.path_for(key)
+        text = json.dumps(_encode(key, symbols), separators=(",", ":"))
+        data = gzip.compress(text.encode(), compresslevel=3)
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json.gz", dir=os.path.dirname(path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as e:
+            log.debug("symbol cache %s not written: %s", path, e)
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+
+def _encode(key: str, symbols: CachedSymbols) -> dict[str, object]:
+    names: dict[str, int] = {}
+    files: dict[str, int] = {}
+    rows = []
+    for off, (name, kind, file, line) in sorted(symbols.entries.items()):
+        n = names.setdefault(name, len(names))
+        fi = files.setdefault(file, len(files))
+        rows.append([off, n, kind, fi, line])
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "key": key,
+        "debug_file": symbols.debug_file,
+        "names": list(names),
+        "files": list(files),
+        "entries": rows,
+    }
+
+
+def _decode(doc: object, key: str) -> CachedSymbols | None:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        return None
+    if doc.get("key") != key:
+        return None  # a hash collision or a copied file: not ours
+    names, files, rows, dbg = doc["names"], doc["files"], doc["entries"], doc.get("debug_file")
+    if not (isinstance(names, list) and isinstance(files, list) and isinstance(rows, list)):
+        return None
+    if not all(isinstance(x, str) for x in names) or not all(isinstance(x, str) for x in files):
+        return None
+    if dbg is not None and not isinstance(dbg, str):
+        return None
+    entries: dict[int, Entry] = {}
+    for row in rows:
+        off, n, kind, fi, line = row
+        if not all(type(x) is int for x in (off, n, kind, fi, line)) or min(n, fi) < 0 or kind not in _KINDS:
+            return None
+        entries[off] = (names[n], kind, files[fi], line)
+    return CachedSymbols(entries, dbg)

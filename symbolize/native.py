@@ -1,0 +1,250 @@
+"""Native symbolization: file offsets inside an ELF binary -> Frames (function, source file, line).
+
+For each binary the symbolizer finds the best sources it can: the binary itself under `root` (used only if its
+build id matches the one recorded at capture time), and its separate debug file (by build id or debuglink).
+Function names come from all of their symbol tables, source lines from whichever has DWARF. Results are kept
+in memory and in an on-disk cache keyed by build id, so symbolizing the same binary again, even in a new
+process, parses no ELF or DWARF at all. Nothing is ever dropped: what cannot be named is `[unknown]`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from aiflame.model import Frame, FrameKind
+from aiflame.symbolize.cache import CachedSymbols, Entry, SymbolCache
+from aiflame.symbolize.debugfiles import build_id_path, find_debug_file
+from aiflame.symbolize.demangle import demangle, is_mangled, short_name
+from aiflame.symbolize.dwarf_lines import LineTable
+from aiflame.symbolize.elf import ElfFile, Symbol
+from aiflame.symbolize.errors import SymbolizeError
+
+__all__ = ["UNKNOWN_NAME", "NativeSymbolizer"]
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_NAME = "[unknown]"
+_UNKNOWN: Entry = (UNKNOWN_NAME, int(FrameKind.UNKNOWN), "", 0)
+_DELETED = " (deleted)"
+_MAX_OPEN_BINARIES = 32  # parsed binaries kept in memory (each holds a file descriptor and its tables)
+_LOOKBACK = 16  # how many preceding symbols may cover an address (nested or overlapping symbols)
+
+
+class _SymbolIndex:
+    """Nearest-preceding-symbol lookup over a sorted, deduplicated symbol list."""
+
+    def __init__(self, symbols: list[Symbol]) -> None:
+        self._addrs = [s.addr for s in symbols]
+        self._ends = [s.addr + max(s.size, 1) for s in symbols]
+        self._names = [s.name for s in symbols]
+
+    def find(self, vaddr: int) -> str | None:
+        i = bisect.bisect_right(self._addrs, vaddr) - 1
+        for j in range(i, max(i - _LOOKBACK, -1), -1):
+            if vaddr < self._ends[j]:
+                return self._names[j]
+        return None
+
+
+def _merge_symbols(*lists: list[Symbol]) -> list[Symbol]:
+    """One symbol per address; earlier lists win (the debug file's full .symtab before the binary's)."""
+    by_addr: dict[int, Symbol] = {}
+    for syms in lists:
+        for s in syms:
+            by_addr.setdefault(s.addr, s)
+    return [by_addr[a] for a in sorted(by_addr)]
+
+
+def _strip_version(name: str) -> str:
+    """`memcpy@@GLIBC_2.14` -> `memcpy`; `puts@plt` stays (it names a different piece of code)."""
+    if "@" not in name or name.endswith("@plt"):
+        return name
+    return name.split("@", 1)[0] or name
+
+
+class _Binary:
+    """The opened sources of one binary: the file itself and/or its debug file."""
+
+    def __init__(self, main: ElfFile | None, debug: ElfFile | None) -> None:
+        self.main = main
+        self.debug = debug
+        self.debug_path = debug.path if debug else None
+        lists = [f.functions() for f in (debug, main) if f is not None]
+        self._index = _SymbolIndex(_merge_symbols(*lists))
+        line_src = debug if debug is not None and debug.has_dwarf_lines else main
+        self._lines = LineTable(line_src) if line_src is not None and line_src.has_dwarf_lines else None
+
+    def close(self) -> None:
+        for f in (self.main, self.debug):
+            if f is not None:
+                f.close()
+
+    def _vaddr(self, off: int) -> int | None:
+        if off < 0:
+            return None
+        if self.main is not None:
+            return self.main.file_offset_to_vaddr(off)
+        assert self.debug is not None
+        return self.debug.debug_layout_vaddr(off)
+
+    def resolve(self, offsets: Iterable[int]) -> dict[int, Entry]:
+        hits: dict[int, tuple[str, int]] = {}
+        out: dict[int, Entry] = {}
+        for off in offsets:
+            vaddr = self._vaddr(off)
+            name = self._index.find(vaddr) if vaddr is not None else None
+            if name is None or vaddr is None:
+                out[off] = _UNKNOWN
+            else:
+                hits[off] = (_strip_version(name), vaddr)
+        demangled = demangle({n for n, _v in hits.values() if is_mangled(n)})
+        shown: dict[str, tuple[str, int]] = {}
+        for name, _v in hits.values():
+            if name not in shown:
+                text = demangled.get(name, name)
+                cpp = text != name
+                fk = FrameKind.NATIVE_CPP if cpp else FrameKind.NATIVE
+                shown[name] = (short_name(text) if cpp else name, int(fk))
+        for off, (name, vaddr) in hits.items():
+            loc = self._lines.lookup(vaddr) if self._lines is not None else None
+            display, kind = shown[name]
+            out[off] = (display, kind, loc[0], loc[1]) if loc else (display, kind, "", 0)
+        return out
+
+
+class NativeSymbolizer:
+    """Turns (binary, build id, file offsets) into Frames. Not thread-safe; one per symbolizing thread.
+
+    cache_dir: on-disk cache directory (None: $AIFLAME_CACHE or ~/.cache/aiflame/symbols).
+    debug_dirs: roots of separate debug files (`.build-id/` trees and debuglink mirrors).
+    root: where the profiled processes' filesystem is (e.g. /proc/PID/root for a container).
+    """
+
+    def __init__(
+        self, cache_dir: str | None = None, debug_dirs: Sequence[str] = ("/usr/lib/debug",), root: str = "/"
+    ) -> None:
+        self._cache = SymbolCache(cache_dir)
+        self._root = root or "/"
+        dirs = list(debug_dirs)
+        if os.path.abspath(self._root) != "/":
+            # The container's own debug files first; the host's are still verified by build id or CRC.
+            dirs = [self._in_root(d) for d in dirs] + dirs
+        self._debug_dirs = tuple(dirs)
+        self._memo: dict[str, dict[int, Entry]] = {}
+        self._disk_checked: set[str] = set()
+        self._binaries: OrderedDict[str, _Binary] = OrderedDict()
+
+    def symbolize(self, path: str, build_id: str | None, file_offsets: Iterable[int]) -> dict[int, Frame]:
+        """A Frame for every offset in `file_offsets` (offset = address - mapping start + mapping offset).
+
+        Return addresses are looked up as given (the caller subtracts 1). Offsets that cannot be named give
+        `Frame("[unknown]", FrameKind.UNKNOWN, module=...)`; a missing or unreadable binary gives only those.
+        """
+        offsets = set(file_offsets)
+        clean = path.removesuffix(_DELETED)
+        module = os.path.basename(clean)
+        build_id = build_id.lower() if build_id else None
+        key, persist = self._key(clean, build_id)
+        memo = self._memo.setdefault(key, {})
+        missing = [o for o in offsets if o not in memo]
+        if missing and persist and key not in self._disk_checked:
+            self._disk_checked.add(key)
+            cached = self._cache.load(key)
+            if cached is not None and not self._stale(cached, build_id):
+                memo.update(cached.entries)
+                missing = [o for o in offsets if o not in memo]
+        # Unknowns from an unreadable binary are not remembered: it may be readable on the next call.
+        failed: dict[int, Entry] = {}
+        if missing:
+            binary = self._binary(key, clean, build_id)
+            if binary is None:
+                failed = dict.fromkeys(missing, _UNKNOWN)
+            else:
+                try:
+                    memo.update(binary.resolve(missing))
+                    if persist:
+                        self._cache.store(key, CachedSymbols(memo, binary.debug_path))
+                except SymbolizeError as e:
+                    log.debug("symbolizing %s failed: %s", path, e)
+                    failed = dict.fromkeys(missing, _UNKNOWN)
+        frames: dict[Entry, Frame] = {}
+        out: dict[int, Frame] = {}
+        for off in offsets:
+            entry = failed.get(off) or memo[off]
+            frame = frames.get(entry)
+            if frame is None:
+                frame = frames[entry] = Frame(entry[0], FrameKind(entry[1]), module, entry[2], entry[3])
+            out[off] = frame
+        return out
+
+    # --- helpers --------------------------------------------------------------------------------------------
+
+    def _in_root(self, path: str) -> str:
+        if os.path.abspath(self._root) == "/":
+            return path
+        return os.path.join(self._root, path.lstrip("/"))
+
+    def _key(self, path: str, build_id: str | None) -> tuple[str, bool]:
+        """(memo/cache key, whether it may be cached on disk)."""
+        if build_id:
+            return build_id, True
+        host = self._in_root(path)
+        try:
+            st = os.stat(host)
+        except OSError:
+            return "missing:" + host, False
+        ident = f"{os.path.realpath(host)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+        return "p-" + hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:40], True
+
+    def _stale(self, cached: CachedSymbols, build_id: str | None) -> bool:
+        """A cache written without a debug file is stale once a debug file for that build id appears."""
+        if cached.debug_file is not None or not build_id:
+            return False
+        return any(os.path.exists(build_id_path(d, build_id)) for d in self._debug_dirs)
+
+    def _binary(self, key: str, path: str, build_id: str | None) -> _Binary | None:
+        if key in self._binaries:
+            self._binaries.move_to_end(key)
+            return self._binaries[key]
+        binary = self._open(path, build_id)
+        if binary is not None:
+            self._binaries[key] = binary
+            while len(self._binaries) > _MAX_OPEN_BINARIES:
+                self._binaries.popitem(last=False)[1].close()
+        return binary
+
+    def _open(self, path: str, build_id: str | None) -> _Binary | None:
+        host = self._in_root(path)
+        main: ElfFile | None = None
+        try:
+            main = ElfFile.open(host)
+        except SymbolizeError as e:
+            log.debug("binary %s unavailable: %s", host, e)
+        if main is not None and build_id and main.build_id != build_id:
+            log.debug("%s has build id %s, wanted %s; using debug files only", host, main.build_id, build_id)
+            main.close()
+            main = None
+        bid = build_id or (main.build_id if main else None)
+        debug: ElfFile | None = None
+        link = main.debuglink if main else None
+        dbg_path = find_debug_file(host, bid, link, self._debug_dirs, root=self._root)
+        if dbg_path is not None:
+            try:
+                debug = ElfFile.open(dbg_path)
+            except SymbolizeError as e:
+                log.debug("debug file %s unusable: %s", dbg_path, e)
+        if main is None and debug is None:
+            return None
+        try:
+            return _Binary(main, debug)
+        except SymbolizeError as e:
+            log.debug("binary %s unusable: %s", host, e)
+            for f in (main, debug):
+                if f is not None:
+                    f.close()
+            return None
