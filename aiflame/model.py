@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 
 class FrameKind(enum.IntEnum):

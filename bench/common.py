@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +54,7 @@ def wait_for(pred: object, timeout: float) -> bool:
     return False
 
 
-def save(name: str, data: dict[str, object]) -> Path:
+def save(name: str, data: Mapping[str, object]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
