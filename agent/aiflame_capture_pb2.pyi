@@ -42,7 +42,7 @@ class Header(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., aiflame_version: _Optional[str] = ..., host: _Optional[str] = ..., kernel: _Optional[str] = ..., machine: _Optional[str] = ..., frequency_hz: _Optional[int] = ..., event: _Optional[str] = ..., start_wall_ns: _Optional[int] = ..., start_mono_ns: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., target: _Optional[str] = ..., meta: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("time_ns", "pid", "tid", "cpu", "comm", "user", "kern", "user_err", "kern_err", "weight")
+    __slots__ = ("time_ns", "pid", "tid", "cpu", "comm", "user", "kern", "user_err", "kern_err", "weight", "py", "py_flags")
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class Sample(_message.Message):
     USER_ERR_FIELD_NUMBER: _ClassVar[int]
     KERN_ERR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PY_FIELD_NUMBER: _ClassVar[int]
+    PY_FLAGS_FIELD_NUMBER: _ClassVar[int]
     time_ns: int
     pid: int
     tid: int
@@ -63,7 +65,57 @@ class Sample(_message.Message):
     user_err: int
     kern_err: int
     weight: int
-    def __init__(self, time_ns: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., cpu: _Optional[int] = ..., comm: _Optional[str] = ..., user: _Optional[_Iterable[int]] = ..., kern: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., kern_err: _Optional[int] = ..., weight: _Optional[int] = ...) -> None: ...
+    py: _containers.RepeatedCompositeFieldContainer[PyFrame]
+    py_flags: int
+    def __init__(self, time_ns: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., cpu: _Optional[int] = ..., comm: _Optional[str] = ..., user: _Optional[_Iterable[int]] = ..., kern: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., kern_err: _Optional[int] = ..., weight: _Optional[int] = ..., py: _Optional[_Iterable[_Union[PyFrame, _Mapping]]] = ..., py_flags: _Optional[int] = ...) -> None: ...
+
+class PyFrame(_message.Message):
+    __slots__ = ("code", "instr", "owner", "is_entry")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    INSTR_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    IS_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    instr: int
+    owner: int
+    is_entry: int
+    def __init__(self, code: _Optional[int] = ..., instr: _Optional[int] = ..., owner: _Optional[int] = ..., is_entry: _Optional[int] = ...) -> None: ...
+
+class PyCode(_message.Message):
+    __slots__ = ("pid", "addr", "time_ns", "qualname", "filename", "firstlineno", "line_table", "version_major", "version_minor", "first_instr_offset")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    QUALNAME_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    FIRSTLINENO_FIELD_NUMBER: _ClassVar[int]
+    LINE_TABLE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    VERSION_MINOR_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INSTR_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    addr: int
+    time_ns: int
+    qualname: str
+    filename: str
+    firstlineno: int
+    line_table: bytes
+    version_major: int
+    version_minor: int
+    first_instr_offset: int
+    def __init__(self, pid: _Optional[int] = ..., addr: _Optional[int] = ..., time_ns: _Optional[int] = ..., qualname: _Optional[str] = ..., filename: _Optional[str] = ..., firstlineno: _Optional[int] = ..., line_table: _Optional[bytes] = ..., version_major: _Optional[int] = ..., version_minor: _Optional[int] = ..., first_instr_offset: _Optional[int] = ...) -> None: ...
+
+class PyRuntime(_message.Message):
+    __slots__ = ("pid", "version", "layout_source", "binary")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BINARY_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    version: str
+    layout_source: str
+    binary: str
+    def __init__(self, pid: _Optional[int] = ..., version: _Optional[str] = ..., layout_source: _Optional[str] = ..., binary: _Optional[str] = ...) -> None: ...
 
 class Mapping(_message.Message):
     __slots__ = ("start", "end", "file_offset", "path", "build_id", "perms")
@@ -139,15 +191,19 @@ class Footer(_message.Message):
     def __init__(self, end_wall_ns: _Optional[int] = ..., end_mono_ns: _Optional[int] = ..., samples: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., stop_reason: _Optional[str] = ..., agent_cpu_s: _Optional[float] = ...) -> None: ...
 
 class Record(_message.Message):
-    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer")
+    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer", "py_code", "py_runtime")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     KERNEL_SYMBOLS_FIELD_NUMBER: _ClassVar[int]
     FOOTER_FIELD_NUMBER: _ClassVar[int]
+    PY_CODE_FIELD_NUMBER: _ClassVar[int]
+    PY_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     header: Header
     sample: Sample
     process: Process
     kernel_symbols: KernelSymbols
     footer: Footer
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ...) -> None: ...
+    py_code: PyCode
+    py_runtime: PyRuntime
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ..., py_code: _Optional[_Union[PyCode, _Mapping]] = ..., py_runtime: _Optional[_Union[PyRuntime, _Mapping]] = ...) -> None: ...

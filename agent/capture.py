@@ -20,6 +20,9 @@ from aiflame.raw import (
     CaptureHeader,
     Mapping,
     ProcessSnapshot,
+    PyCode,
+    PyRuntimeInfo,
+    RawPyFrame,
     RawSample,
 )
 
@@ -56,10 +59,13 @@ def header_to_pb(h: CaptureHeader) -> pb.Header:
 
 
 def sample_to_pb(s: RawSample) -> pb.Sample:
-    return pb.Sample(
+    m = pb.Sample(
         time_ns=s.time_ns, pid=s.pid, tid=s.tid, cpu=s.cpu, comm=s.comm, user=s.user, kern=s.kern,
-        user_err=s.user_err, kern_err=s.kern_err, weight=0 if s.weight == 1 else s.weight,
+        user_err=s.user_err, kern_err=s.kern_err, weight=0 if s.weight == 1 else s.weight, py_flags=s.py_flags,
     )
+    for f in s.py:
+        m.py.add(code=f.code, instr=f.instr, owner=f.owner, is_entry=f.is_entry)
+    return m
 
 
 def process_to_pb(p: ProcessSnapshot) -> pb.Process:
@@ -105,6 +111,17 @@ class CaptureWriter:
     def add_process(self, p: ProcessSnapshot) -> None:
         self._write(pb.Record(process=process_to_pb(p)))
 
+    def add_py_code(self, c: PyCode) -> None:
+        self._write(pb.Record(py_code=pb.PyCode(
+            pid=c.pid, addr=c.addr, time_ns=c.time_ns, qualname=c.qualname, filename=c.filename,
+            firstlineno=c.firstlineno, line_table=c.line_table, version_major=c.version[0],
+            version_minor=c.version[1], first_instr_offset=c.first_instr_offset,
+        )))
+
+    def add_py_runtime(self, r: PyRuntimeInfo) -> None:
+        self._write(pb.Record(py_runtime=pb.PyRuntime(pid=r.pid, version=r.version, layout_source=r.layout_source,
+                                                      binary=r.binary)))
+
     def add_kernel_symbols(self, symbols: dict[int, str]) -> None:
         ks = pb.KernelSymbols()
         for addr, name in sorted(symbols.items()):
@@ -128,6 +145,10 @@ def write_capture(path: Path, cap: Capture) -> None:
     w = CaptureWriter(path, cap.header)
     for p in cap.processes:
         w.add_process(p)
+    for r in cap.py_runtimes:
+        w.add_py_runtime(r)
+    for c in cap.py_codes:
+        w.add_py_code(c)
     w.add_samples(cap.samples)
     if cap.kernel_symbols:
         w.add_kernel_symbols(cap.kernel_symbols)
@@ -201,7 +222,7 @@ def read_capture(path: Path) -> Capture:
             s = rec.sample
             cap.samples.append(RawSample(
                 s.time_ns, s.pid, s.tid, s.cpu, s.comm, tuple(s.user), tuple(s.kern), s.user_err, s.kern_err,
-                s.weight or 1,
+                s.weight or 1, tuple(RawPyFrame(f.code, f.instr, f.owner, f.is_entry) for f in s.py), s.py_flags,
             ))
         elif which == "process":
             p = rec.process
@@ -209,6 +230,14 @@ def read_capture(path: Path) -> Capture:
                 p.pid, p.time_ns, [_pb_mapping(m) for m in p.mappings], p.ppid, p.comm, list(p.cmdline),
                 p.exe, p.exec_seq,
             ))
+        elif which == "py_code":
+            c = rec.py_code
+            cap.py_codes.append(PyCode(c.pid, c.addr, c.time_ns, c.qualname, c.filename, c.firstlineno,
+                                       bytes(c.line_table), (c.version_major, c.version_minor),
+                                       c.first_instr_offset))
+        elif which == "py_runtime":
+            r = rec.py_runtime
+            cap.py_runtimes.append(PyRuntimeInfo(r.pid, r.version, r.layout_source, r.binary))
         elif which == "kernel_symbols":
             cap.kernel_symbols.update((k.addr, k.name) for k in rec.kernel_symbols.symbols)
         elif which == "footer":

@@ -7,6 +7,14 @@ import enum
 
 MAX_STACK = 127
 COMM_LEN = 16
+MAX_PY_FRAMES = 96
+
+
+class PyFlag(enum.IntFlag):
+    PRESENT = 1
+    TSTATE = 2
+    TRUNCATED = 4
+    READ_ERR = 8
 
 
 class RecKind(enum.IntEnum):
@@ -25,9 +33,41 @@ class Counter(enum.IntEnum):
     KSTACK_ERR = 3
     PROC_LOST = 4
     TARGETS_FULL = 5
+    PY_TRUNCATED = 6
+    PY_READ_ERR = 7
 
 
 COUNTER_SLOTS = 8
+
+
+class PyFrameRec(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint64),
+        ("instr", ctypes.c_uint32),
+        ("owner", ctypes.c_uint8),
+        ("is_entry", ctypes.c_uint8),
+        ("pad", ctypes.c_uint16),
+    ]
+
+
+class PyProcRec(ctypes.Structure):
+    _fields_ = [
+        ("runtime", ctypes.c_uint64),
+        ("version", ctypes.c_uint32),
+        ("tid_offset", ctypes.c_int32),
+        ("runtime_interp_head", ctypes.c_int32),
+        ("interp_tstate_head", ctypes.c_int32),
+        ("tstate_next", ctypes.c_int32),
+        ("tstate_thread_id", ctypes.c_int32),
+        ("tstate_native_thread_id", ctypes.c_int32),
+        ("tstate_frame", ctypes.c_int32),
+        ("cframe_current_frame", ctypes.c_int32),
+        ("frame_code", ctypes.c_int32),
+        ("frame_back", ctypes.c_int32),
+        ("frame_instr", ctypes.c_int32),
+        ("frame_owner", ctypes.c_int32),
+        ("frame_is_entry", ctypes.c_int32),
+    ]
 
 
 class SampleRec(ctypes.Structure):
@@ -42,6 +82,9 @@ class SampleRec(ctypes.Structure):
         ("comm", ctypes.c_char * COMM_LEN),
         ("user", ctypes.c_uint64 * MAX_STACK),
         ("kern", ctypes.c_uint64 * MAX_STACK),
+        ("py_count", ctypes.c_uint32),
+        ("py_flags", ctypes.c_uint32),
+        ("py", PyFrameRec * MAX_PY_FRAMES),
     ]
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiflame.agent.records import COUNTER_SLOTS, Counter, ProcRec, RecKind, SampleRec
-from aiflame.raw import RawSample
+from aiflame.agent.records import COUNTER_SLOTS, Counter, ProcRec, PyProcRec, RecKind, SampleRec
+from aiflame.raw import RawPyFrame, RawSample
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
@@ -63,6 +63,7 @@ def bpf_source(config: SamplerConfig) -> str:
 
 _S_OFF = {f[0]: getattr(SampleRec, f[0]).offset for f in SampleRec._fields_}
 _HEAD = struct.Struct("<IIQIIii16s")  # kind..comm of sample_rec
+_PY_FRAME = struct.Struct("<QIBBH")
 _P_HEAD = struct.Struct("<IIQII16s")
 assert _HEAD.size == _S_OFF["user"] and _P_HEAD.size == ctypes.sizeof(ProcRec)
 
@@ -76,9 +77,15 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | None:
         nk = max(klen, 0) // 8
         user = struct.unpack_from(f"<{nu}Q", buf, _S_OFF["user"]) if nu else ()
         kern = struct.unpack_from(f"<{nk}Q", buf, _S_OFF["kern"]) if nk else ()
+        py_count, py_flags = struct.unpack_from("<II", buf, _S_OFF["py_count"])
+        py: tuple[RawPyFrame, ...] = ()
+        if py_count:
+            base = _S_OFF["py"]
+            n = min(py_count, (len(buf) - base) // _PY_FRAME.size)
+            py = tuple(RawPyFrame(*_PY_FRAME.unpack_from(buf, base + i * _PY_FRAME.size)[:4]) for i in range(n))
         return RawSample(
             t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), user, kern,
-            min(ulen, 0), min(klen, 0),
+            min(ulen, 0), min(klen, 0), 1, py, py_flags,
         )
     if kind in (RecKind.FORK, RecKind.EXEC, RecKind.EXIT):
         _, _cpu, t, pid, child, comm = _P_HEAD.unpack_from(buf)
@@ -147,6 +154,18 @@ class CpuSampler:
         except KeyError:
             pass
 
+    def set_python(self, pid: int, proc: PyProcRec) -> None:
+        """Turn on the Python walk for `pid` with its layout (or update it)."""
+        t = self._bpf["py_procs"]
+        t[t.Key(pid)] = t.Leaf.from_buffer_copy(bytes(proc))
+
+    def clear_python(self, pid: int) -> None:
+        t = self._bpf["py_procs"]
+        try:
+            del t[t.Key(pid)]
+        except KeyError:
+            pass
+
     def targets(self) -> list[int]:
         return [k.value for k in self._bpf["targets"].keys()]
 
@@ -161,9 +180,9 @@ class CpuSampler:
             out[c.name.lower()] = int(sum(table[table.Key(c.value)]))
         return out
 
-    def layouts(self) -> tuple[Any, Any]:
+    def layouts(self) -> tuple[Any, Any, Any]:
         """BCC's ctypes views of struct sample_rec and struct proc_rec, read from the compiled C."""
-        return self._bpf["layout_sample"].Leaf, self._bpf["layout_proc"].Leaf
+        return self._bpf["layout_sample"].Leaf, self._bpf["layout_proc"].Leaf, self._bpf["layout_py_proc"].Leaf
 
     def close(self) -> None:
         if self._bpf is not None:

@@ -9,6 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
+class RawPyFrame:
+    """A Python frame as the walker read it: code object address and instruction position."""
+
+    code: int
+    instr: int  # 3.10: f_lasti; 3.11+: instruction pointer minus code address, in bytes
+    owner: int = 0
+    is_entry: int = 0
+
+
 @dataclass(slots=True)
 class RawSample:
     time_ns: int  # CLOCK_MONOTONIC
@@ -21,6 +31,8 @@ class RawSample:
     user_err: int = 0  # negative errno when the user stack lookup failed
     kern_err: int = 0
     weight: int = 1
+    py: tuple[RawPyFrame, ...] = ()  # newest first
+    py_flags: int = 0  # agent.records.PyFlag bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +66,31 @@ class ProcessSnapshot:
             if m.start <= addr < m.end:
                 return m
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class PyCode:
+    """A Python code object read from a live process, so exports work after it exits."""
+
+    pid: int
+    addr: int
+    time_ns: int
+    qualname: str
+    filename: str
+    firstlineno: int
+    line_table: bytes
+    version: tuple[int, int]
+    first_instr_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PyRuntimeInfo:
+    """A process found to run CPython: its version and the walker's layout source."""
+
+    pid: int
+    version: str
+    layout_source: str
+    binary: str
 
 
 @dataclass(slots=True)
@@ -90,4 +127,6 @@ class Capture:
     samples: list[RawSample] = field(default_factory=list)
     processes: list[ProcessSnapshot] = field(default_factory=list)
     kernel_symbols: dict[int, str] = field(default_factory=dict)
+    py_codes: list[PyCode] = field(default_factory=list)
+    py_runtimes: list[PyRuntimeInfo] = field(default_factory=list)
     footer: CaptureFooter | None = None

@@ -5,6 +5,9 @@
 
 #define AIFLAME_MAX_STACK 127
 #define AIFLAME_COMM_LEN 16
+#ifndef AIFLAME_MAX_PY_FRAMES
+#define AIFLAME_MAX_PY_FRAMES 96
+#endif
 
 enum aiflame_rec_kind {
     REC_SAMPLE = 1,
@@ -21,7 +24,44 @@ enum aiflame_counter {
     CNT_KSTACK_ERR = 3,   /* kernel stack lookup failed */
     CNT_PROC_LOST = 4,    /* fork/exec/exit records dropped */
     CNT_TARGETS_FULL = 5, /* a child could not be followed: target map full */
+    CNT_PY_TRUNCATED = 6, /* Python stack deeper than AIFLAME_MAX_PY_FRAMES */
+    CNT_PY_READ_ERR = 7,  /* a Python frame could not be read (page not resident, torn state) */
     CNT_MAX = 8,
+};
+
+/* py_flags of a sample */
+#define PY_PRESENT 1     /* the process runs CPython with a verified layout */
+#define PY_TSTATE 2      /* the sampled thread has a Python thread state */
+#define PY_TRUNCATED 4   /* more frames than AIFLAME_MAX_PY_FRAMES */
+#define PY_READ_ERR 8    /* the walk stopped on a failed read */
+
+/* One Python frame as read: the code object and where in it the thread is. */
+struct py_frame {
+    __u64 code;        /* PyCodeObject address */
+    __u32 instr;       /* 3.10: f_lasti; 3.11+: instruction pointer minus code address (bytes) */
+    __u8 owner;        /* 3.11+: frame owner (3.12/3.13: C-stack shim marks an evaluator entry) */
+    __u8 is_entry;     /* 3.11: first frame of an evaluator call */
+    __u16 pad;
+};
+
+/* Per-process walker configuration (agent/python/ fills it from the version's layout). Offsets of -1 mark
+ * fields the version does not have. */
+struct py_proc {
+    __u64 runtime;     /* address of _PyRuntime */
+    __u32 version;     /* major << 8 | minor */
+    __s32 tid_offset;  /* 3.10: kernel tid inside glibc's struct pthread; -1 otherwise */
+    __s32 runtime_interp_head;
+    __s32 interp_tstate_head;
+    __s32 tstate_next;
+    __s32 tstate_thread_id;
+    __s32 tstate_native_thread_id;
+    __s32 tstate_frame;
+    __s32 cframe_current_frame;
+    __s32 frame_code;
+    __s32 frame_back;
+    __s32 frame_instr;
+    __s32 frame_owner;
+    __s32 frame_is_entry;
 };
 
 struct sample_rec {
@@ -35,6 +75,9 @@ struct sample_rec {
     char comm[AIFLAME_COMM_LEN];
     __u64 user[AIFLAME_MAX_STACK]; /* leaf first */
     __u64 kern[AIFLAME_MAX_STACK]; /* leaf first */
+    __u32 py_count;    /* frames in py[] */
+    __u32 py_flags;    /* PY_* */
+    struct py_frame py[AIFLAME_MAX_PY_FRAMES]; /* newest first */
 };
 
 struct proc_rec {

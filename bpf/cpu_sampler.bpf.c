@@ -14,10 +14,14 @@
 
 BPF_HASH(targets, u32, u32, AIFLAME_MAX_TARGETS);
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
+BPF_HASH(py_procs, u32, struct py_proc, 4096);
+/* tid -> its Python thread state, re-checked on every hit (threads come and go). */
+BPF_TABLE("lru_hash", u32, u64, py_tstates, 65536);
 BPF_RINGBUF_OUTPUT(events, AIFLAME_RINGBUF_PAGES);
 /* Never written: lets user space read the C layouts back through BCC's type info. */
 BPF_ARRAY(layout_sample, struct sample_rec, 1);
 BPF_ARRAY(layout_proc, struct proc_rec, 1);
+BPF_ARRAY(layout_py_proc, struct py_proc, 1);
 
 static __always_inline void count(u32 idx) {
     u64 *v = counters.lookup(&idx);
@@ -31,6 +35,101 @@ static __always_inline int is_target(u32 tgid) {
 #else
     return targets.lookup(&tgid) != NULL;
 #endif
+}
+
+static __always_inline u64 read_ptr(u64 addr) {
+    u64 v = 0;
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0)
+        return 0;
+    return v;
+}
+
+/* Is `ts` the thread state of kernel thread `tid`? */
+static __always_inline int tstate_is(struct py_proc *pp, u64 ts, u32 tid) {
+    if (!ts)
+        return 0;
+    if (pp->tstate_native_thread_id >= 0) {
+        u64 native = read_ptr(ts + pp->tstate_native_thread_id);
+        return native == tid;
+    }
+    /* 3.10: thread_id is pthread_self(); glibc keeps the kernel tid inside struct pthread. */
+    u64 pthread = read_ptr(ts + pp->tstate_thread_id);
+    u32 ktid = 0;
+    if (!pthread || pp->tid_offset < 0 ||
+        bpf_probe_read_user(&ktid, sizeof(ktid), (void *)(pthread + pp->tid_offset)) != 0)
+        return 0;
+    return ktid == tid;
+}
+
+static __always_inline u64 find_tstate(struct py_proc *pp, u32 tid) {
+    u64 *cached = py_tstates.lookup(&tid);
+    if (cached && tstate_is(pp, *cached, tid))
+        return *cached;
+    u64 interp = read_ptr(pp->runtime + pp->runtime_interp_head);
+    if (!interp)
+        return 0;
+    u64 ts = read_ptr(interp + pp->interp_tstate_head);
+    for (int i = 0; i < 64; i++) {
+        if (!ts)
+            return 0;
+        if (tstate_is(pp, ts, tid)) {
+            py_tstates.update(&tid, &ts);
+            return ts;
+        }
+        ts = read_ptr(ts + pp->tstate_next);
+    }
+    return 0;
+}
+
+/* Walk the sampled thread's Python frames, newest first. Every frame is kept; user space drops shims. */
+static __always_inline void walk_python(struct sample_rec *rec, u32 tgid, u32 tid) {
+    rec->py_count = 0;
+    rec->py_flags = 0;
+    struct py_proc *pp = py_procs.lookup(&tgid);
+    if (!pp)
+        return;
+    rec->py_flags = PY_PRESENT;
+    u64 ts = find_tstate(pp, tid);
+    if (!ts)
+        return;
+    rec->py_flags |= PY_TSTATE;
+    u64 frame = read_ptr(ts + pp->tstate_frame);
+    if (pp->cframe_current_frame >= 0 && frame)
+        frame = read_ptr(frame + pp->cframe_current_frame);
+    u32 n = 0;
+    for (int i = 0; i < AIFLAME_MAX_PY_FRAMES; i++) {
+        if (!frame)
+            break;
+        struct py_frame *f = &rec->py[i];
+        f->code = read_ptr(frame + pp->frame_code);
+        if (pp->version < 0x30b) {
+            int lasti = 0;
+            bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(frame + pp->frame_instr));
+            f->instr = lasti;
+        } else {
+            f->instr = (u32)(read_ptr(frame + pp->frame_instr) - f->code);
+        }
+        f->owner = 0;
+        f->is_entry = 0;
+        if (pp->frame_owner >= 0)
+            bpf_probe_read_user(&f->owner, 1, (void *)(frame + pp->frame_owner));
+        if (pp->frame_is_entry >= 0)
+            bpf_probe_read_user(&f->is_entry, 1, (void *)(frame + pp->frame_is_entry));
+        f->pad = 0;
+        n = i + 1;
+        if (!f->code) {
+            rec->py_flags |= PY_READ_ERR;
+            break;
+        }
+        frame = read_ptr(frame + pp->frame_back);
+    }
+    rec->py_count = n;
+    if (frame && n == AIFLAME_MAX_PY_FRAMES) {
+        rec->py_flags |= PY_TRUNCATED;
+        count(CNT_PY_TRUNCATED);
+    }
+    if (rec->py_flags & PY_READ_ERR)
+        count(CNT_PY_READ_ERR);
 }
 
 int on_sample(struct bpf_perf_event_data *ctx) {
@@ -57,6 +156,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
     rec->user_len = bpf_get_stack(ctx, rec->user, sizeof(rec->user), BPF_F_USER_STACK);
     if (rec->user_len < 0)
         count(CNT_USTACK_ERR);
+    walk_python(rec, tgid, (u32)id);
     events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
     return 0;
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from aiflame.agent.records import ProcRec, SampleRec
+from aiflame.agent.records import ProcRec, PyProcRec, SampleRec
 from aiflame.agent.sampler import CpuSampler, SamplerConfig, bpf_source
 
 
@@ -18,7 +18,9 @@ def test_c_and_python_layouts_agree() -> None:
     sampler = CpuSampler(SamplerConfig(), lambda s: None, lambda e: None)
     sampler.start([])
     try:
-        c_sample, c_proc = sampler.layouts()
+        c_sample, c_proc, c_py = sampler.layouts()
+        assert _layout(c_py) == _layout(PyProcRec)
+        assert ctypes.sizeof(c_py) == ctypes.sizeof(PyProcRec)
         assert _layout(c_sample) == _layout(SampleRec)
         assert _layout(c_proc) == _layout(ProcRec)
         assert ctypes.sizeof(c_sample) == ctypes.sizeof(SampleRec)

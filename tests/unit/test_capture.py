@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.capture import MAGIC, CaptureError, CaptureWriter, read_capture, write_capture
-from aiflame.raw import Capture, CaptureFooter, CaptureHeader, Mapping, ProcessSnapshot, RawSample
+from aiflame.raw import (
+    Capture,
+    CaptureFooter,
+    CaptureHeader,
+    Mapping,
+    ProcessSnapshot,
+    PyCode,
+    PyRuntimeInfo,
+    RawPyFrame,
+    RawSample,
+)
 
 addr = st.integers(min_value=0, max_value=2**64 - 1)
 samples = st.builds(
@@ -18,6 +28,9 @@ samples = st.builds(
     cpu=st.integers(0, 1024), comm=st.text(max_size=15), user=st.tuples(*[addr] * 3) | st.just(()),
     kern=st.lists(addr, max_size=5).map(tuple), user_err=st.integers(-200, 0), kern_err=st.integers(-200, 0),
     weight=st.integers(1, 1000),
+    py=st.lists(st.builds(RawPyFrame, addr, st.integers(0, 2**32 - 1), st.integers(0, 255), st.integers(0, 1)),
+                max_size=4).map(tuple),
+    py_flags=st.integers(0, 15),
 )
 
 
@@ -29,6 +42,8 @@ def _capture(samples: list[RawSample]) -> Capture:
         [ProcessSnapshot(7, 5, [Mapping(0x1000, 0x2000, 0, "/bin/x", "abcd", "r-xp")], 1, "x", ["x", "-y"], "/bin/x",
                          2)],
         {0xFFFF0000: "do_sys_read"},
+        [PyCode(7, 0x7000, 5, "Cls.method", "/x.py", 3, b"\x01\x02", (3, 12), 192)],
+        [PyRuntimeInfo(7, "3.12.1", "dwarf:/lib/libpython3.12.so", "/lib/libpython3.12.so")],
         CaptureFooter(10, 20, 0, {"lost": 3}, "duration", 0.25),
     )
 
@@ -44,6 +59,7 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory, ss: list[RawSample
     assert back.samples == ss
     assert back.processes == cap.processes
     assert back.kernel_symbols == cap.kernel_symbols
+    assert back.py_codes == cap.py_codes and back.py_runtimes == cap.py_runtimes
     assert back.footer is not None and back.footer.counters == {"lost": 3}
     assert back.footer.samples == len(ss) and back.footer.stop_reason == "duration"
 
