@@ -58,6 +58,8 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--group", choices=("process", "thread", "none"), default="process",
                    help="root frames: process name (default), process and thread, or none")
     g.add_argument("--no-kernel", action="store_true", help="leave kernel frames out")
+    g.add_argument("--python", choices=("merged", "python", "native"), default="merged",
+                   help="Python frames merged into native stacks (default), Python frames only, or native only")
     g.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
                    help="extra directory of separate debug files (DIR/.build-id/xx/yyyy.debug); repeatable")
 
@@ -118,7 +120,7 @@ def _fail(_console: Console, msg: str, code: int = 1) -> int:
 
 
 def _view(args: argparse.Namespace) -> StackOptions:
-    return StackOptions(group=args.group, kernel=not args.no_kernel)
+    return StackOptions(group=args.group, kernel=not args.no_kernel, python=args.python)
 
 
 def _load_profile(path: Path, args: argparse.Namespace) -> Profile:

@@ -19,6 +19,7 @@ from types import FrameType
 from aiflame import __version__
 from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.procmaps import BuildIdCache, read_process
+from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.records import RecKind
 from aiflame.agent.sampler import CpuSampler, ProcEvent, SamplerConfig
 from aiflame.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawSample
@@ -192,6 +193,8 @@ class Session:
         self._exec_seq: dict[int, int] = {}
         self._kaddrs: set[int] = set()
         self._build_ids = BuildIdCache()
+        self.python = PythonPlugin()
+        self._sampler: CpuSampler | None = None
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
@@ -222,6 +225,7 @@ class Session:
             return self._capture(sampler, launcher, root_pid)
         finally:
             sampler.close()
+            self.python.close()
             for s, h in old.items():
                 signal.signal(s, h)
 
@@ -234,8 +238,10 @@ class Session:
             " ".join(cfg.command) if cfg.command else f"pid {cfg.pid}",
         )
         writer = CaptureWriter(path, header)
+        self._sampler = sampler
         if launcher:
             launcher.release()
+            time.sleep(0.05)  # let the dynamic loader map the program's libraries
         self._snapshot(root_pid, writer)
         cpu0, t0 = _cpu_s(), time.monotonic()
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
@@ -275,6 +281,14 @@ class Session:
         self._known[pid] = set()
         writer.add_process(snap)
         self.stats.pids = len(self._snaps)
+        self._attach_python(pid, writer)
+
+    def _attach_python(self, pid: int, writer: CaptureWriter) -> None:
+        found = self.python.attach(pid, self._exec_seq.get(pid, 0)) if self._sampler else None
+        if found and self._sampler:
+            target, info = found
+            self._sampler.set_python(pid, proc_rec(target))
+            writer.add_py_runtime(info)
 
     def _drain(self, sampler: CpuSampler, writer: CaptureWriter) -> None:
         sampler.poll()
@@ -286,6 +300,8 @@ class Session:
                     self._snapshot(ev.child, writer)
             elif ev.kind == RecKind.EXEC:
                 self._exec_seq[ev.pid] = self._exec_seq.get(ev.pid, 0) + 1
+                sampler.clear_python(ev.pid)
+                self.python.forget(ev.pid)
                 self._snapshot(ev.pid, writer)
             elif ev.kind == RecKind.EXIT and ev.pid != self.cfg.pid:
                 sampler.remove_target(ev.pid)
@@ -312,6 +328,10 @@ class Session:
             if now - self._remap_at.get(pid, 0.0) >= REMAP_MIN_S or pid not in self._snaps:
                 self._snapshot(pid, writer)
         self.stats.samples += len(self._pending)
+        for pid in {s.pid for s in self._pending} - self.python.procs.keys():
+            self._attach_python(pid, writer)
+        for code in self.python.codes(self._pending, _mono_ns()):
+            writer.add_py_code(code)
         writer.add_samples(self._pending)
         self._pending.clear()
         writer.flush()

@@ -8,8 +8,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from aiflame.model import Frame, FrameKind, Profile, Sample, Stack
-from aiflame.raw import Capture, Mapping, ProcessSnapshot, RawSample
+from aiflame.raw import Capture, Mapping, ProcessSnapshot, PyCode, RawPyFrame, RawSample
 from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.python_code import CodeInfo, line_for
+from aiflame.symbolize.python_merge import merge, python_runs
+
+PY_TSTATE = 2
+PY_TRUNCATED = 4
+TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
 
 MISSING_USER = Frame("[missing user stack]", FrameKind.UNKNOWN)
 UNKNOWN_KERNEL = Frame("[unknown]", FrameKind.KERNEL, module="[kernel]")
@@ -20,6 +26,7 @@ class StackOptions:
     group: str = "process"  # root frames: none, process (comm), thread (comm; thread name)
     kernel: bool = True  # include kernel frames
     user: bool = True  # include user frames
+    python: str = "merged"  # merged (Python frames replace the evaluator's), python (Python frames only), native
 
 
 class _ProcessIndex:
@@ -92,6 +99,7 @@ def symbolize_capture(
     prof = Profile(unit="samples", meta={"host": cap.header.host, "kernel": cap.header.kernel,
                                          "target": cap.header.target,
                                          "frequency_hz": str(cap.header.frequency_hz)})
+    pynames = _PythonNames(cap)
     kcache: dict[int, Frame] = {}
     for s in cap.samples:
         idx = index.get(s.pid)
@@ -101,7 +109,11 @@ def symbolize_capture(
         if opts.group == "thread":
             frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
         if opts.user:
-            frames.extend(_user_frames(s, idx, located, names))
+            native = _user_frames(s, idx, located, names)
+            if s.py and s.py_flags & PY_TSTATE and opts.python != "native":
+                frames.extend(pynames.merged(s, native, prof.counters, python_only=opts.python == "python"))
+            elif opts.python != "python":
+                frames.extend(native)
         if opts.kernel:
             for addr in reversed(s.kern):
                 f = kcache.get(addr)
@@ -113,7 +125,8 @@ def symbolize_capture(
         stack: Stack = tuple(frames)
         prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
     if cap.footer:
-        prof.counters.update(cap.footer.counters)
+        for k, v in cap.footer.counters.items():
+            prof.counters[k] = prof.counters.get(k, 0) + v
         prof.start_ns, prof.end_ns = cap.header.start_mono_ns, cap.footer.end_mono_ns
     return prof
 
@@ -142,3 +155,62 @@ def _user_frames(
         f = names.get((m.path, m.build_id), {}).get(off)
         out.append(f or Frame("[unknown]", FrameKind.UNKNOWN, module=os.path.basename(m.path)))
     return out
+
+
+class _PythonNames:
+    """Names Python frames from the code objects the capture recorded, and merges them with native frames."""
+
+    def __init__(self, cap: Capture) -> None:
+        from aiflame.agent.python.layouts import layout_for
+
+        self.codes: dict[tuple[int, int], list[PyCode]] = defaultdict(list)
+        for c in cap.py_codes:
+            self.codes[(c.pid, c.addr)].append(c)
+        for lst in self.codes.values():
+            lst.sort(key=lambda c: c.time_ns)
+        self.version: dict[int, tuple[int, int]] = {}
+        self.owner_cstack: dict[int, int] = {}
+        for r in cap.py_runtimes:
+            parts = r.version.split(".")
+            v = (int(parts[0]), int(parts[1]))
+            self.version[r.pid] = v
+            lay = layout_for(v)
+            self.owner_cstack[r.pid] = lay.owner_cstack if lay else -1
+        self._frames: dict[tuple[int, int, int, int], Frame] = {}
+
+    def frame(self, pid: int, f: RawPyFrame, time_ns: int) -> Frame:
+        cands = self.codes.get((pid, f.code))
+        if not cands:
+            return Frame("[unknown python]", FrameKind.PYTHON)
+        # The record in force at the sample's time (an address can be reused by a later code object).
+        code = cands[0]
+        for c in cands:
+            if c.time_ns <= time_ns:
+                code = c
+        key = (pid, f.code, code.time_ns, f.instr)
+        hit = self._frames.get(key)
+        if hit is None:
+            info = CodeInfo(code.qualname, code.filename, code.firstlineno, code.line_table, code.version,
+                            code.first_instr_offset)
+            hit = Frame(code.qualname, FrameKind.PYTHON, module=os.path.basename(code.filename), file=code.filename,
+                        line=line_for(info, f.instr))
+            self._frames[key] = hit
+        return hit
+
+    def merged(self, s: RawSample, native: list[Frame], counters: dict[str, int], python_only: bool) -> list[Frame]:
+        version = self.version.get(s.pid)
+        if version is None:
+            return native
+        runs = python_runs(s.py, version, self.owner_cstack.get(s.pid, -1))
+        def name(f: RawPyFrame) -> Frame:
+            return self.frame(s.pid, f, s.time_ns)
+        trunc = [TRUNCATED] if s.py_flags & PY_TRUNCATED else []
+        if python_only:
+            return trunc + [name(f) for run in runs for f in run]
+        result = merge(native, runs, name)
+        counters["python_samples"] = counters.get("python_samples", 0) + 1
+        if result.spliced:
+            counters["python_spliced"] = counters.get("python_spliced", 0) + 1
+        if result.mismatched:
+            counters["python_mismatched"] = counters.get("python_mismatched", 0) + 1
+        return trunc + list(result.stack)

@@ -1,0 +1,374 @@
+"""Find CPython in a running process, pick its struct layout, and check that layout against live memory.
+
+Detection reads `/proc/PID/maps` for the ELF holding `_PyRuntime` (a mapped `libpython3.X.so` for shared
+builds and embedders, else the executable for static builds), reads the version from `Py_Version` (3.11+)
+or the file name (3.10), prefers `_Py_DebugOffsets` on 3.13+, and then walks the live interpreter once:
+runtime -> interpreter -> thread states, matching a thread state to a thread of the process, and the current
+frame's code object to the `code` type. A layout that fails this check is never handed to the BPF walker.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import time
+from dataclasses import dataclass
+
+from aiflame.agent.procmaps import parse_maps
+from aiflame.agent.python.debug_offsets import (
+    SIZE_313,
+    UnsupportedDebugOffsets,
+    compare_with_table,
+    layout_from_debug_offsets,
+    parse_debug_offsets,
+)
+from aiflame.agent.python.layouts import PyLayout, PythonLayoutError, layout_for
+from aiflame.symbolize.elf import ElfFile
+from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.python_code import (
+    ProcessMemory,
+    ProcessMemoryError,
+    PythonObjectError,
+    read_type_name,
+)
+
+__all__ = ["PyTarget", "PythonUnsupported", "detect_python", "find_object_symbols", "read_python_stack"]
+
+_LIBPYTHON = re.compile(r"libpython3\.(\d+)(t?)(?:d)?\.so")
+_EXE_NAME = re.compile(r"python3\.(\d+)(t?)$")
+_SHT_SYMTAB, _SHT_DYNSYM = 2, 11
+_STT_OBJECT = 1
+_SHN_UNDEF = 0
+_MAX_THREADS = 256  # bound on the thread-state list walk
+_MAX_FRAMES = 128
+_PTHREAD_SCAN = 2048  # bytes of glibc's struct pthread searched for the kernel tid
+_GLIBC_TID_OFFSET = 720  # glibc 2.36 x86-64; preferred when several offsets fit
+_CHECK_TRIES = 3
+
+
+class PythonUnsupported(Exception):
+    """CPython is in the process but cannot be walked safely (no verified layout, free-threaded, failed
+    check). The message is one line, meant to be shown once."""
+
+
+@dataclass(frozen=True, slots=True)
+class PyTarget:
+    """A CPython interpreter found in a process, with the layout that passed the live check."""
+
+    pid: int
+    version: tuple[int, int, int]  # patch is 0 on 3.10 (no Py_Version; PY_VERSION is only an immediate)
+    runtime_addr: int  # runtime address of _PyRuntime
+    layout: PyLayout
+    binary: str  # the ELF holding _PyRuntime, as named in /proc/PID/maps
+    tid_offset: int  # 3.10: offset of the kernel tid in glibc's struct pthread; -1 otherwise
+    warnings: tuple[str, ...]
+
+
+# --- ELF ----------------------------------------------------------------------------------------------------
+
+
+def find_object_symbols(elf: ElfFile, names: set[str]) -> dict[str, int]:
+    """Link-time values of the defined symbols `names` (data objects or any type) from .symtab and .dynsym.
+
+    Only 64-bit little-endian files are read; others give {}.
+    """
+    if not elf.is64 or not elf.little_endian:
+        return {}
+    want = {n.encode() for n in names}
+    out: dict[str, int] = {}
+    sym = struct.Struct("<IBBHQQ")
+    for sec in elf.sections:
+        if sec.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not 0 < sec.link < len(elf.sections):
+            continue
+        entsize = sec.entsize or sym.size
+        if entsize < sym.size:
+            continue
+        try:
+            data = elf.read_section(sec)
+            strtab = elf.read_section(elf.sections[sec.link])
+        except SymbolizeError:
+            continue
+        for i in range(len(data) // entsize):
+            name_off, info, _other, shndx, value, _size = sym.unpack_from(data, i * entsize)
+            if shndx == _SHN_UNDEF or not value or name_off >= len(strtab):
+                continue
+            end = strtab.find(b"\0", name_off)
+            name = strtab[name_off:end] if end >= 0 else b""
+            if name in want and (info & 0xF) in (_STT_OBJECT, 0):
+                out.setdefault(name.decode(), value)
+        if len(out) == len(names):
+            break
+    return out
+
+
+def _first_load(elf: ElfFile) -> tuple[int, int] | None:
+    loads = [s for s in elf.segments if s.type == 1]
+    if not loads:
+        return None
+    first = min(loads, key=lambda s: s.vaddr)
+    return first.vaddr, first.offset
+
+
+# --- process ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    path: str  # as in maps
+    open_path: str  # what we can open (map_files, /proc/PID/root/..., path)
+    base: int  # start of the mapping of the first PT_LOAD's file page
+    offset0_start: int
+    name_minor: int | None
+    name_free_threaded: bool
+
+
+def _candidates(pid: int) -> list[_Candidate]:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            maps = parse_maps(f.read())
+    except OSError:
+        return []
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    first_map: dict[str, tuple[int, int]] = {}
+    for lo, hi, _perms, off, _dev, inode, path in maps:
+        if not inode or not path.startswith("/") or off != 0 or path in first_map:
+            continue
+        first_map[path] = (lo, hi)
+    libs: list[_Candidate] = []
+    exes: list[_Candidate] = []
+    for path, (lo, hi) in first_map.items():
+        base_name = os.path.basename(path.removesuffix(" (deleted)"))
+        m = _LIBPYTHON.search(base_name)
+        is_exe = path == exe or path.removesuffix(" (deleted)") == exe.removesuffix(" (deleted)")
+        if m is None and not is_exe:
+            continue
+        if m is None:
+            m2 = _EXE_NAME.search(base_name)
+            minor, ft = (int(m2.group(1)), bool(m2.group(2))) if m2 else (None, False)
+        else:
+            minor, ft = int(m.group(1)), bool(m.group(2))
+        cand = _Candidate(path, f"/proc/{pid}/map_files/{lo:x}-{hi:x}", lo, lo, minor, ft)
+        (exes if m is None else libs).append(cand)
+    return libs + exes
+
+
+def _open_elf(pid: int, cand: _Candidate) -> ElfFile | None:
+    for p in (cand.open_path, f"/proc/{pid}/root{cand.path}", cand.path):
+        try:
+            return ElfFile.open(p)
+        except SymbolizeError:
+            continue
+    return None
+
+
+def detect_python(pid: int) -> PyTarget | None:
+    """The CPython interpreter in `pid`, or None when the process holds none (or is gone).
+
+    Raises PythonUnsupported when CPython is there but cannot be walked safely.
+    """
+    for cand in _candidates(pid):
+        elf = _open_elf(pid, cand)
+        if elf is None:
+            continue
+        with elf:
+            syms = find_object_symbols(elf, {"_PyRuntime", "Py_Version"})
+            runtime = syms.get("_PyRuntime")
+            if runtime is None:
+                sec = elf.section(".PyRuntime")
+                runtime = sec.addr if sec is not None and sec.addr else None
+            if runtime is None:
+                continue
+            first = _first_load(elf)
+            if first is None:
+                continue
+            vaddr, foff = first
+            bias = cand.offset0_start - ((vaddr - foff) & ~0xFFF)
+        version_sym = syms.get("Py_Version")
+        version_addr = version_sym + bias if version_sym is not None else 0
+        return _attach(pid, cand, runtime + bias, version_addr)
+    return None
+
+
+def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int) -> PyTarget:
+    try:
+        mem = ProcessMemory(pid)
+    except ProcessMemoryError as e:
+        raise PythonUnsupported(f"CPython in pid {pid}: {e}") from None
+    with mem:
+        version = _read_version(mem, cand, version_addr)
+        label = f"CPython {version[0]}.{version[1]} in pid {pid} ({cand.path})"
+        if cand.name_free_threaded:
+            raise PythonUnsupported(f"{label}: free-threaded builds are not supported")
+        warnings: list[str] = []
+        layout = layout_for(version[:2])
+        if version[:2] >= (3, 13):
+            try:
+                dbg = parse_debug_offsets(mem.read(runtime_addr, SIZE_313))
+                if dbg.version[:2] != version[:2]:
+                    raise PythonUnsupported(f"{label}: _Py_DebugOffsets says {dbg.version}, Py_Version {version}")
+                from_dbg = layout_from_debug_offsets(dbg)
+            except UnsupportedDebugOffsets as e:
+                raise PythonUnsupported(f"{label}: {e}") from None
+            except (PythonLayoutError, ProcessMemoryError) as e:
+                if layout is None:
+                    raise PythonUnsupported(f"{label}: {e}") from None
+                warnings.append(f"_Py_DebugOffsets unusable ({e}); using the built-in table")
+            else:
+                warnings.extend(compare_with_table(from_dbg))
+                layout = from_dbg
+        if layout is None:
+            raise PythonUnsupported(f"{label}: no verified struct layout for this version")
+        tid_offset = -1
+        last_error = ""
+        for attempt in range(_CHECK_TRIES):
+            try:
+                tid_offset, notes = _check_live(pid, mem, runtime_addr, layout)
+                warnings.extend(notes)
+                break
+            except (ProcessMemoryError, PythonObjectError, _CheckFailed) as e:
+                last_error = str(e)
+                if not os.path.exists(f"/proc/{pid}"):
+                    raise PythonUnsupported(f"{label}: process exited during attach") from None
+                time.sleep(0.01 * (attempt + 1))  # the target runs while we read: retry a torn read
+        else:
+            raise PythonUnsupported(f"{label}: layout check failed: {last_error}")
+    return PyTarget(pid, version, runtime_addr, layout, cand.path, tid_offset, tuple(warnings))
+
+
+def _read_version(mem: ProcessMemory, cand: _Candidate, version_addr: int) -> tuple[int, int, int]:
+    if version_addr:
+        try:
+            hexv = int.from_bytes(mem.read(version_addr, 4), "little")
+        except ProcessMemoryError as e:
+            raise PythonUnsupported(f"CPython in pid {mem.pid}: cannot read Py_Version: {e}") from None
+        major, minor, micro = (hexv >> 24) & 0xFF, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF
+        if major != 3:
+            raise PythonUnsupported(f"CPython in pid {mem.pid}: implausible Py_Version {hexv:#x}")
+        return major, minor, micro
+    if cand.name_minor is None:
+        raise PythonUnsupported(f"CPython in pid {mem.pid} ({cand.path}): cannot tell its version")
+    return 3, cand.name_minor, 0  # the patch level is not stored as data before 3.11
+
+
+# --- live check and a reference walker ----------------------------------------------------------------------
+
+
+class _CheckFailed(Exception):
+    pass
+
+
+def _tasks(pid: int) -> set[int]:
+    try:
+        return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+    except OSError:
+        return set()
+
+
+def _thread_states(mem: ProcessMemory, runtime_addr: int, layout: PyLayout) -> list[int]:
+    interp = mem.u64(runtime_addr + layout.runtime_interp_head)
+    if not interp:
+        raise _CheckFailed("no interpreter (starting up or finalizing)")
+    out: list[int] = []
+    ts = mem.u64(interp + layout.interp_tstate_head)
+    while ts and len(out) < _MAX_THREADS:
+        if ts in out:
+            raise _CheckFailed("thread-state list loops")
+        out.append(ts)
+        ts = mem.u64(ts + layout.tstate_next)
+    if not out:
+        raise _CheckFailed("interpreter has no thread states")
+    return out
+
+
+def _find_tid_offset(mem: ProcessMemory, pthreads: list[int], pid: int, tasks: set[int]) -> int:
+    """Offset of the kernel tid in glibc's struct pthread: where every thread's descriptor holds one of the
+    process's tids, the main thread's holding the pid."""
+    candidates: set[int] | None = None
+    main_seen = False
+    for pt in pthreads:
+        if not pt:
+            continue
+        try:
+            blob = mem.read(pt, _PTHREAD_SCAN)
+        except ProcessMemoryError:
+            continue
+        here = set()
+        for off in range(0, _PTHREAD_SCAN, 4):
+            v = int.from_bytes(blob[off : off + 4], "little")
+            if v in tasks:
+                here.add(off)
+                main_seen = main_seen or v == pid
+        candidates = here if candidates is None else candidates & here
+    if not candidates or not main_seen:
+        raise _CheckFailed("no thread descriptor holds a tid of the process (not glibc?)")
+    return _GLIBC_TID_OFFSET if _GLIBC_TID_OFFSET in candidates else min(candidates)
+
+
+def _current_frame(mem: ProcessMemory, tstate: int, layout: PyLayout) -> int:
+    frame = mem.u64(tstate + layout.tstate_frame)
+    if frame and layout.has_cframe:
+        frame = mem.u64(frame + layout.cframe_current_frame)
+    return frame
+
+
+def read_python_stack(mem: ProcessMemory, tstate: int, layout: PyLayout) -> list[tuple[int, int]]:
+    """(code address, instr) of each Python frame of the thread state at `tstate`, leaf first, C-stack shim
+    frames dropped: a user-space reference for what the BPF walker ships (instr convention: python_code.py)."""
+    out: list[tuple[int, int]] = []
+    frame = _current_frame(mem, tstate, layout)
+    for _ in range(_MAX_FRAMES):
+        if not frame:
+            break
+        code = mem.u64(frame + layout.frame_code)
+        if layout.version < (3, 11):
+            instr = struct.unpack("<i", mem.read(frame + layout.frame_instr, 4))[0]
+        else:
+            instr = mem.u64(frame + layout.frame_instr) - code
+        owner = mem.read(frame + layout.frame_owner, 1)[0] if layout.frame_owner >= 0 else -1
+        if owner != layout.owner_cstack or layout.owner_cstack < 0:
+            out.append((code, instr))
+        frame = mem.u64(frame + layout.frame_back)
+    return out
+
+
+def _check_live(pid: int, mem: ProcessMemory, runtime_addr: int, layout: PyLayout) -> tuple[int, list[str]]:
+    notes: list[str] = []
+    tasks = _tasks(pid)
+    states = _thread_states(mem, runtime_addr, layout)
+    main_ts = 0
+    tid_offset = -1
+    if layout.tstate_native_thread_id >= 0:
+        tids = [mem.u64(ts + layout.tstate_native_thread_id) for ts in states]
+        if not any(t in tasks for t in tids):
+            raise _CheckFailed(f"no thread state's native_thread_id is a thread of the process ({tids[:4]})")
+        main_ts = next((ts for ts, t in zip(states, tids, strict=True) if t == pid), 0)
+    else:
+        pthreads = [mem.u64(ts + layout.tstate_thread_id) for ts in states]
+        tid_offset = _find_tid_offset(mem, pthreads, pid, tasks)
+        for ts, pt in zip(states, pthreads, strict=True):
+            if pt and int.from_bytes(mem.read(pt + tid_offset, 4), "little") == pid:
+                main_ts = ts
+        if tid_offset != _GLIBC_TID_OFFSET:
+            notes.append(f"struct pthread tid found at +{tid_offset}, not glibc 2.36's +{_GLIBC_TID_OFFSET}")
+    ts = main_ts or states[0]
+    frame = _current_frame(mem, ts, layout)
+    checked = False
+    for _ in range(_MAX_FRAMES):
+        if not frame:
+            break
+        owner = mem.read(frame + layout.frame_owner, 1)[0] if layout.frame_owner >= 0 else -1
+        if layout.owner_cstack < 0 or owner != layout.owner_cstack:
+            code = mem.u64(frame + layout.frame_code)
+            name = read_type_name(mem.read, code, layout)
+            if name != "code":
+                raise _CheckFailed(f"current frame's code object has type {name!r}")
+            checked = True
+            break
+        frame = mem.u64(frame + layout.frame_back)
+    if not checked:
+        notes.append("no Python frame running at attach: frame layout not checked")
+    return tid_offset, notes

@@ -1,0 +1,106 @@
+"""The Python runtime plug-in as the capture session uses it: detect CPython in a process, configure the BPF
+walker for it, and read the code objects its samples name while the process is alive."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiflame.agent.python.detect import PythonUnsupported, PyTarget, detect_python
+from aiflame.agent.python.layouts import PyLayout
+from aiflame.agent.records import PyProcRec
+from aiflame.raw import PyCode, PyRuntimeInfo, RawSample
+from aiflame.symbolize.python_code import CodeResolver
+
+log = logging.getLogger(__name__)
+
+
+def proc_rec(t: PyTarget) -> PyProcRec:
+    """The walker's per-process configuration (struct py_proc) for a detected interpreter."""
+    lay: PyLayout = t.layout
+    return PyProcRec(
+        runtime=t.runtime_addr, version=(t.version[0] << 8) | t.version[1], tid_offset=t.tid_offset,
+        runtime_interp_head=lay.runtime_interp_head, interp_tstate_head=lay.interp_tstate_head,
+        tstate_next=lay.tstate_next, tstate_thread_id=lay.tstate_thread_id,
+        tstate_native_thread_id=lay.tstate_native_thread_id, tstate_frame=lay.tstate_frame,
+        cframe_current_frame=lay.cframe_current_frame, frame_code=lay.frame_code, frame_back=lay.frame_back,
+        frame_instr=lay.frame_instr, frame_owner=lay.frame_owner, frame_is_entry=lay.frame_is_entry,
+    )
+
+
+@dataclass
+class PythonProcess:
+    target: PyTarget
+    resolver: CodeResolver
+    written: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # code addr -> what we recorded
+
+
+class PythonPlugin:
+    """Tracks the Python processes of one capture."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, PythonProcess] = {}
+        self.warnings: list[str] = []
+        self._tries: dict[tuple[int, int], tuple[int, float]] = {}  # (pid, exec_seq) -> (attempts, last time)
+
+    RETRIES = 8  # a just-started interpreter fails the live checks until it has initialised
+    RETRY_S = 0.25
+
+    def forget(self, pid: int) -> None:
+        """The process exec'd or exited: its interpreter (if any) is gone."""
+        old = self.procs.pop(pid, None)
+        if old:
+            old.resolver.close()
+
+    def attach(self, pid: int, exec_seq: int) -> tuple[PyTarget, PyRuntimeInfo] | None:
+        """Detect CPython in `pid`; None when there is none (yet) or it cannot be walked. Rate-limited."""
+        if pid in self.procs:
+            return None
+        n, last = self._tries.get((pid, exec_seq), (0, 0.0))
+        now = time.monotonic()
+        if n >= self.RETRIES or now - last < self.RETRY_S:
+            return None
+        self._tries[(pid, exec_seq)] = (n + 1, now)
+        try:
+            t = detect_python(pid)
+        except PythonUnsupported as e:
+            if n + 1 == self.RETRIES:
+                self.warnings.append(f"pid {pid}: {e}; its native frames are still profiled")
+            return None
+        except OSError:
+            return None
+        if t is None:
+            self._tries[(pid, exec_seq)] = (self.RETRIES, now)  # no CPython in this image
+            return None
+        self.procs[pid] = PythonProcess(t, CodeResolver(pid, t.layout))
+        v = ".".join(map(str, t.version))
+        return t, PyRuntimeInfo(pid, v, t.layout.source, t.binary)
+
+    def codes(self, samples: list[RawSample], time_ns: int) -> list[PyCode]:
+        """Code objects named by `samples` that were not yet recorded (or changed at the same address)."""
+        out: list[PyCode] = []
+        seen: set[tuple[int, int]] = set()  # each code object is re-validated once per drain, not per sample
+        for s in samples:
+            proc = self.procs.get(s.pid)
+            if proc is None or not s.py:
+                continue
+            for f in s.py:
+                if (s.pid, f.code) in seen:
+                    continue
+                seen.add((s.pid, f.code))
+                info = proc.resolver.resolve(f.code)
+                if info is None:
+                    continue
+                key = (info.qualname, info.filename, info.firstlineno)
+                if proc.written.get(f.code) == key:
+                    continue
+                proc.written[f.code] = key
+                out.append(PyCode(s.pid, f.code, time_ns, info.qualname, info.filename, info.firstlineno,
+                                  info.line_table, info.version, info.first_instr_offset))
+        return out
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.resolver.close()
+        self.procs.clear()

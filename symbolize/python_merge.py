@@ -1,0 +1,80 @@
+"""Merge Python frames into a native stack.
+
+The walker ships Python frames newest first. Each C-level call of the evaluator runs one Python frame (3.10)
+or a run of them (3.11+: a run starts at an entry frame, marked by `is_entry` on 3.11 and preceded by a C-stack
+shim frame on 3.12/3.13). When the native stack holds as many evaluator frames as there are runs, each evaluator
+frame is replaced by its run. When it does not (native unwinding through a libpython built without frame pointers
+stops after a few frames), the whole Python stack is spliced at the root, followed by the native frames the
+current Python frame called into, and the sample is marked spliced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from aiflame.model import Frame
+from aiflame.raw import RawPyFrame
+
+EVAL_NAMES = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.cold", "_PyEval_EvalFrame",
+                        "PyEval_EvalFrameEx"})
+# Where a complete native stack starts; a stack rooted elsewhere was cut short.
+NATIVE_ROOTS = frozenset({"_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone",
+                          "clone3", "thread_start"})
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    stack: tuple[Frame, ...]
+    spliced: bool  # Python frames put at the root because native unwinding stopped early
+    mismatched: bool  # evaluator frames and Python runs disagreed in number
+
+
+def python_runs(frames: Sequence[RawPyFrame], version: tuple[int, int], owner_cstack: int) -> list[list[RawPyFrame]]:
+    """Group frames (given newest first) into evaluator runs, oldest run first, each run oldest frame first.
+
+    C-stack shim frames are dropped: they only mark where a run begins."""
+    oldest_first = list(reversed(frames))
+    runs: list[list[RawPyFrame]] = []
+    if version < (3, 11):
+        return [[f] for f in oldest_first]
+    for f in oldest_first:
+        if version >= (3, 12) and owner_cstack >= 0 and f.owner == owner_cstack:
+            runs.append([])  # a shim opens the run of the evaluator call it belongs to
+            continue
+        if version == (3, 11) and f.is_entry:
+            runs.append([f])
+            continue
+        if not runs:
+            runs.append([])
+        runs[-1].append(f)
+    return [r for r in runs if r]
+
+
+def merge(
+    native: Sequence[Frame],
+    runs: Sequence[Sequence[RawPyFrame]],
+    name: Callable[[RawPyFrame], Frame],
+) -> MergeResult:
+    """`native` root -> leaf; `runs` from python_runs(); `name` turns a raw frame into a model Frame."""
+    if not runs:
+        return MergeResult(tuple(native), False, False)
+    evals = [i for i, f in enumerate(native) if f.name in EVAL_NAMES]
+    complete = bool(native) and native[0].name in NATIVE_ROOTS
+    if complete and len(evals) == len(runs):
+        out: list[Frame] = []
+        prev = 0
+        for i, run in zip(evals, runs):
+            out.extend(native[prev:i])
+            out.extend(name(f) for f in run)
+            prev = i + 1
+        out.extend(native[prev:])
+        return MergeResult(tuple(out), False, False)
+    # Splice: every Python frame, then what the newest Python frame called into (native frames after the last
+    # evaluator frame; the leaf alone when no evaluator frame unwound).
+    py = [name(f) for run in runs for f in run]
+    if evals:
+        tail = list(native[evals[-1] + 1:])
+    else:
+        tail = list(native[-1:]) if native else []
+    return MergeResult(tuple(py + tail), not complete, complete)

@@ -1,0 +1,68 @@
+"""Merging Python frames into native stacks: grouping per version, replacement, splicing, mismatches."""
+
+from __future__ import annotations
+
+from aiflame.model import Frame, FrameKind
+from aiflame.raw import RawPyFrame
+from aiflame.symbolize.python_merge import merge, python_runs
+
+
+def n(name: str) -> Frame:
+    return Frame(name, FrameKind.NATIVE)
+
+
+def py_name(f: RawPyFrame) -> Frame:
+    return Frame(f"py{f.code}", FrameKind.PYTHON)
+
+
+EVAL = "_PyEval_EvalFrameDefault"
+
+
+def test_runs_310_one_per_frame() -> None:
+    frames = [RawPyFrame(3, 0), RawPyFrame(2, 0), RawPyFrame(1, 0)]  # newest first
+    assert python_runs(frames, (3, 10), -1) == [[frames[2]], [frames[1]], [frames[0]]]
+
+
+def test_runs_311_by_entry_flag() -> None:
+    a, b, c = RawPyFrame(1, 0, is_entry=1), RawPyFrame(2, 0), RawPyFrame(3, 0, is_entry=1)
+    assert python_runs([c, b, a], (3, 11), -1) == [[a, b], [c]]
+
+
+def test_runs_312_by_shim_and_shims_dropped() -> None:
+    shim1, a, b, shim2, c = (RawPyFrame(9, 0, owner=3), RawPyFrame(1, 0), RawPyFrame(2, 0),
+                             RawPyFrame(9, 0, owner=3), RawPyFrame(3, 0))
+    assert python_runs([c, shim2, b, a, shim1], (3, 12), 3) == [[a, b], [c]]
+
+
+def test_replace_when_counts_match() -> None:
+    native = [n("_start"), n("main"), n(EVAL), n("PyObject_Call"), n(EVAL), n("sqrt")]
+    runs = [[RawPyFrame(1, 0), RawPyFrame(2, 0)], [RawPyFrame(3, 0)]]
+    r = merge(native, runs, py_name)
+    assert [f.name for f in r.stack] == ["_start", "main", "py1", "py2", "PyObject_Call", "py3", "sqrt"]
+    assert not r.spliced and not r.mismatched
+
+
+def test_splice_when_native_stops_early() -> None:
+    native = [n("[unknown]"), n(EVAL), n("PyNumber_Add"), n("long_add")]
+    runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
+    r = merge(native, runs, py_name)
+    assert [f.name for f in r.stack] == ["py1", "py2", "PyNumber_Add", "long_add"]
+    assert r.spliced
+
+
+def test_splice_without_any_evaluator_frame_keeps_the_leaf() -> None:
+    r = merge([n("garbage"), n("memcpy")], [[RawPyFrame(1, 0)]], py_name)
+    assert [f.name for f in r.stack] == ["py1", "memcpy"] and r.spliced
+
+
+def test_mismatched_counts_on_complete_stack_are_marked() -> None:
+    native = [n("_start"), n(EVAL), n("x")]
+    runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
+    r = merge(native, runs, py_name)
+    assert r.mismatched and not r.spliced
+    assert [f.name for f in r.stack] == ["py1", "py2", "x"]
+
+
+def test_no_python_frames_leaves_native_alone() -> None:
+    native = [n("_start"), n("main")]
+    assert merge(native, [], py_name).stack == tuple(native)
