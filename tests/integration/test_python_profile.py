@@ -1,0 +1,115 @@
+"""Python frames on every interpreter on this machine: proportions, complete stacks, hot lines, truncation."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from aiflame.agent.capture import read_capture
+from aiflame.model import FrameKind
+from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+from tests.conftest import REPO
+from tests.integration.conftest import aiflame
+
+INTERPRETERS = [
+    "/root/.pyenv/versions/3.10.13/bin/python",
+    "/root/.pyenv/versions/3.11.7/bin/python",
+    "/root/.pyenv/versions/3.12.1/bin/python",
+    "/root/.pyenv/versions/3.13.0/bin/python",
+    "/usr/bin/python3",
+]
+SCRIPT = REPO / "examples" / "py_split.py"
+HOT_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "HOT LINE" in line)
+THREAD_ROOTS = {"<module>", "Thread._bootstrap", "_bootstrap"}
+
+
+def _attach_capture(python: str, out: Path, seconds: float = 4.0) -> Path:
+    target = subprocess.Popen([python, str(SCRIPT), str(seconds + 30)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        aiflame("profile", "-q", "-p", str(target.pid), "-d", str(seconds), "-F", "499", "-o", str(out))
+    finally:
+        target.kill()
+        target.wait()
+    return out / "profile.aiflame"
+
+
+@pytest.mark.parametrize("python", INTERPRETERS, ids=lambda p: p.split("/")[-3] if "pyenv" in p else "debian")
+def test_python_split_stacks_and_lines(python: str, tmp_path: Path) -> None:
+    cap = read_capture(_attach_capture(python, tmp_path))
+    assert cap.py_runtimes, "CPython was not detected"
+    prof = symbolize_capture(cap, options=StackOptions(group="none", python="python"))
+    assert prof.samples
+    complete = 0
+    split: dict[str, Counter[str]] = {"main": Counter(), "worker": Counter()}
+    lines: Counter[int] = Counter()
+    for s in prof.samples:
+        names = [f.name for f in s.stack if f.kind == FrameKind.PYTHON]
+        if names and names[0] in THREAD_ROOTS:
+            complete += 1
+        for thread, pair in (("main", ("work_60", "work_40")), ("worker", ("task_75", "task_25"))):
+            for fn in pair:
+                if fn in names:
+                    split[thread][fn] += 1
+                    # Known depth: the split function sits right above spin, 3 below main's root.
+                    if thread == "main":
+                        assert names[:4] == ["<module>", "main", "level", fn], names
+        leaf = s.stack[-1] if s.stack else None
+        if leaf is not None and leaf.name == "spin":
+            lines[leaf.line] += 1
+    assert complete >= 0.99 * len(prof.samples), (complete, len(prof.samples))
+    a, b = split["main"]["work_60"], split["main"]["work_40"]
+    assert a + b > 300 and abs(100 * a / (a + b) - 60) <= 3, (a, b)
+    c, d = split["worker"]["task_75"], split["worker"]["task_25"]
+    assert c + d > 300 and abs(100 * c / (c + d) - 75) <= 3, (c, d)
+    # The line of the current instruction, not the function's first line: the loop body dominates.
+    assert lines.most_common(1)[0][0] in (HOT_LINE, HOT_LINE - 1), lines
+
+
+def test_merged_view_keeps_native_leaf_and_marks_kinds(tmp_path: Path) -> None:
+    cap = read_capture(_attach_capture(INTERPRETERS[2], tmp_path, seconds=2))
+    prof = symbolize_capture(cap, options=StackOptions(group="none", python="merged"))
+    kinds = Counter(f.kind for s in prof.samples for f in s.stack)
+    assert kinds[FrameKind.PYTHON] > 0 and kinds[FrameKind.NATIVE] > 0
+    assert prof.counters.get("python_samples", 0) >= 0.99 * len(prof.samples)
+    folded = (tmp_path / "profile.folded").read_text()
+    assert "py::spin (" in folded and f"py_split.py:{HOT_LINE})" in folded
+
+
+def test_deep_recursion_is_truncated_visibly(tmp_path: Path) -> None:
+    script = tmp_path / "deep.py"
+    script.write_text(
+        "import sys\nsys.setrecursionlimit(5000)\n"
+        "def down(n):\n    if n == 0:\n        print('ready', flush=True)\n        while True:\n            pass\n"
+        "    return down(n - 1)\n"
+        "down(300)\n"
+    )
+    target = subprocess.Popen([INTERPRETERS[2], str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        aiflame("profile", "-q", "-p", str(target.pid), "-d", "1.5", "-F", "199", "-o", str(tmp_path / "o"))
+    finally:
+        target.kill()
+        target.wait()
+    cap = read_capture(tmp_path / "o" / "profile.aiflame")
+    assert cap.footer is not None and cap.footer.counters["py_truncated"] > 0
+    folded = (tmp_path / "o" / "profile.folded").read_text()
+    assert "[truncated python stack]" in folded
+
+
+def test_command_mode_follows_python_children(tmp_path: Path) -> None:
+    script = tmp_path / "mp.py"
+    script.write_text(
+        "import multiprocessing as mp, time\n"
+        "def child_spin():\n    end = time.monotonic() + 1.5\n    while time.monotonic() < end:\n        pass\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('spawn').Process(target=child_spin)\n    p.start()\n    child_spin()\n    p.join()\n"
+    )
+    aiflame("profile", "-q", "-F", "199", "-o", str(tmp_path / "o"), "--", INTERPRETERS[2], str(script))
+    cap = read_capture(tmp_path / "o" / "profile.aiflame")
+    prof = symbolize_capture(cap, options=StackOptions(group="none", python="python"))
+    pids = {s.pid for s in prof.samples if any(f.name == "child_spin" for f in s.stack)}
+    assert len(pids) == 2, pids
