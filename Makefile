@@ -19,9 +19,9 @@ demo: setup examples ## profile the bundled mini inference loop for 5 s and writ
 	@echo "open out/demo/profile.svg in a browser"
 
 lint: setup ## ruff and mypy
-	$(PY) -m ruff check aiflame agent symbolize exporters tests bench
+	$(PY) -m ruff check aiflame agent symbolize exporters tests bench scripts
 	$(PY) -m mypy -p aiflame
-	$(PY) -m mypy tests bench
+	$(PY) -m mypy tests bench scripts
 
 test: setup examples ## lint, type-check, unit tests and real BPF integration tests
 	$(MAKE) -s lint

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from aiflame import __version__
 from aiflame.agent.capture import CaptureError, read_capture
@@ -182,6 +183,8 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
         from aiflame.agent.summary import print_summary
 
         print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s)
+        for w in result.warnings:
+            err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
         console.print(f"stopped: {result.stop_reason} after {result.stats.elapsed_s:.1f} s")
         for p in written:
             console.print(f"wrote {p}", highlight=False)

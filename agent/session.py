@@ -52,6 +52,7 @@ class SessionResult:
     stats: SessionStats
     agent_cpu_s: float
     exit_code: int | None = None  # of the command, with `-- CMD`
+    warnings: list[str] = field(default_factory=list)
 
 
 def check_root() -> None:
@@ -270,7 +271,7 @@ class Session:
             if self._stop_reason in ("interrupted", "terminated"):
                 launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
-        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code)
+        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, list(self.python.warnings))
 
     def _snapshot(self, pid: int, writer: CaptureWriter) -> None:
         snap = read_process(pid, _mono_ns(), self._build_ids, self._exec_seq.get(pid, 0))

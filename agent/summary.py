@@ -54,8 +54,19 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
             f"kernel-stack errors {c.get('kstack_err', 0)}")
     if c.get("proc_lost"):
         line += f"  process events lost {c['proc_lost']}"
+    py = ""
+    if c.get("python_samples"):
+        py = f"python: {c['python_samples']} samples with Python frames"
+        if c.get("python_spliced"):
+            py += f", {c['python_spliced']} spliced at the root (native unwinding stopped early)"
+        if c.get("python_mismatched"):
+            py += f", {c['python_mismatched']} with evaluator/frame count mismatches"
+        if c.get("py_truncated"):
+            py += f", {c['py_truncated']} truncated (deep recursion)"
     if agent_cpu_s is not None:
         line += f"  agent CPU {agent_cpu_s:.2f}s"
         if elapsed_s:
             line += f" ({100 * agent_cpu_s / elapsed_s:.2f}% of a core)"
     console.print(line)
+    if py:
+        console.print(py)

@@ -161,8 +161,11 @@ def decode_unicode(read: Reader, addr: int, layout: PyLayout, max_chars: int = _
         raise PythonObjectError(f"str at {addr:#x}: short data")
     if kind == 1:
         return data.decode("ascii" if ascii_ else "latin-1", "replace")
-    # Python strings may hold lone surrogates; keep them rather than fail.
-    return data.decode("utf-16-le" if kind == 2 else "utf-32-le", "surrogatepass" if kind == 2 else "replace")
+    codec = "utf-16-le" if kind == 2 else "utf-32-le"
+    try:
+        return data.decode(codec, "surrogatepass")  # Python strings may hold lone surrogates: keep them
+    except UnicodeDecodeError:
+        return data.decode(codec, "replace")  # code points past U+10FFFF: garbage, but don't fail
 
 
 def read_bytes_object(read: Reader, addr: int, layout: PyLayout, limit: int = _MAX_LINETABLE_BYTES) -> bytes:

@@ -64,7 +64,7 @@ def merge(
     if complete and len(evals) == len(runs):
         out: list[Frame] = []
         prev = 0
-        for i, run in zip(evals, runs):
+        for i, run in zip(evals, runs, strict=True):
             out.extend(native[prev:i])
             out.extend(name(f) for f in run)
             prev = i + 1

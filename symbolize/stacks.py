@@ -109,11 +109,11 @@ def symbolize_capture(
         if opts.group == "thread":
             frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
         if opts.user:
-            native = _user_frames(s, idx, located, names)
+            user = _user_frames(s, idx, located, names)
             if s.py and s.py_flags & PY_TSTATE and opts.python != "native":
-                frames.extend(pynames.merged(s, native, prof.counters, python_only=opts.python == "python"))
+                frames.extend(pynames.merged(s, user, prof.counters, python_only=opts.python == "python"))
             elif opts.python != "python":
-                frames.extend(native)
+                frames.extend(user)
         if opts.kernel:
             for addr in reversed(s.kern):
                 f = kcache.get(addr)

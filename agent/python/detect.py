@@ -33,7 +33,14 @@ from aiflame.symbolize.python_code import (
     read_type_name,
 )
 
-__all__ = ["PyTarget", "PythonUnsupported", "detect_python", "find_object_symbols", "read_python_stack"]
+__all__ = [
+    "PyTarget",
+    "PythonUnsupported",
+    "detect_python",
+    "find_object_symbols",
+    "python_threads",
+    "read_python_stack",
+]
 
 _LIBPYTHON = re.compile(r"libpython3\.(\d+)(t?)(?:d)?\.so")
 _EXE_NAME = re.compile(r"python3\.(\d+)(t?)$")
@@ -78,8 +85,10 @@ def find_object_symbols(elf: ElfFile, names: set[str]) -> dict[str, int]:
     want = {n.encode() for n in names}
     out: dict[str, int] = {}
     sym = struct.Struct("<IBBHQQ")
-    for sec in elf.sections:
-        if sec.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not 0 < sec.link < len(elf.sections):
+    # .dynsym first: it is small and, in CPython builds, exports both symbols we look for.
+    tables = sorted((s for s in elf.sections if s.type in (_SHT_SYMTAB, _SHT_DYNSYM)), key=lambda s: s.type)
+    for sec in reversed(tables):
+        if not 0 < sec.link < len(elf.sections):
             continue
         entsize = sec.entsize or sym.size
         if entsize < sym.size:
@@ -175,6 +184,8 @@ def detect_python(pid: int) -> PyTarget | None:
         if elf is None:
             continue
         with elf:
+            if cand.name_minor is None and elf.section(".PyRuntime") is None:
+                continue  # an executable that is not CPython: don't read its (maybe huge) symbol table
             syms = find_object_symbols(elf, {"_PyRuntime", "Py_Version"})
             runtime = syms.get("_PyRuntime")
             if runtime is None:
@@ -285,10 +296,10 @@ def _thread_states(mem: ProcessMemory, runtime_addr: int, layout: PyLayout) -> l
 
 
 def _find_tid_offset(mem: ProcessMemory, pthreads: list[int], pid: int, tasks: set[int]) -> int:
-    """Offset of the kernel tid in glibc's struct pthread: where every thread's descriptor holds one of the
-    process's tids, the main thread's holding the pid."""
-    candidates: set[int] | None = None
-    main_seen = False
+    """Offset of the kernel tid in glibc's struct pthread: a 4-byte slot holding the pid in the main thread's
+    descriptor, and a tid of the process in as many other descriptors as possible (glibc 2.36: +720)."""
+    main_hits: set[int] = set()
+    counts: dict[int, int] = {}
     for pt in pthreads:
         if not pt:
             continue
@@ -296,16 +307,17 @@ def _find_tid_offset(mem: ProcessMemory, pthreads: list[int], pid: int, tasks: s
             blob = mem.read(pt, _PTHREAD_SCAN)
         except ProcessMemoryError:
             continue
-        here = set()
         for off in range(0, _PTHREAD_SCAN, 4):
             v = int.from_bytes(blob[off : off + 4], "little")
             if v in tasks:
-                here.add(off)
-                main_seen = main_seen or v == pid
-        candidates = here if candidates is None else candidates & here
-    if not candidates or not main_seen:
-        raise _CheckFailed("no thread descriptor holds a tid of the process (not glibc?)")
-    return _GLIBC_TID_OFFSET if _GLIBC_TID_OFFSET in candidates else min(candidates)
+                counts[off] = counts.get(off, 0) + 1
+                if v == pid:
+                    main_hits.add(off)
+    if not main_hits:
+        raise _CheckFailed("no thread descriptor holds the pid (main thread not in Python, or not glibc)")
+    best = max(counts[o] for o in main_hits)
+    fits = {o for o in main_hits if counts[o] == best}
+    return _GLIBC_TID_OFFSET if _GLIBC_TID_OFFSET in fits else min(fits)
 
 
 def _current_frame(mem: ProcessMemory, tstate: int, layout: PyLayout) -> int:
@@ -313,6 +325,26 @@ def _current_frame(mem: ProcessMemory, tstate: int, layout: PyLayout) -> int:
     if frame and layout.has_cframe:
         frame = mem.u64(frame + layout.cframe_current_frame)
     return frame
+
+
+def python_threads(target: PyTarget, mem: ProcessMemory) -> dict[int, int]:
+    """Kernel tid -> thread-state address of every Python thread of the target, as the BPF walker matches them
+    (native_thread_id on 3.11+, the tid inside glibc's struct pthread at `tid_offset` on 3.10)."""
+    out: dict[int, int] = {}
+    lay = target.layout
+    try:
+        states = _thread_states(mem, target.runtime_addr, lay)
+    except _CheckFailed:
+        return out
+    for ts in states:
+        if lay.tstate_native_thread_id >= 0:
+            tid = mem.u64(ts + lay.tstate_native_thread_id)
+        else:
+            pt = mem.u64(ts + lay.tstate_thread_id)
+            tid = int.from_bytes(mem.read(pt + target.tid_offset, 4), "little") if pt else 0
+        if tid:
+            out[tid] = ts
+    return out
 
 
 def read_python_stack(mem: ProcessMemory, tstate: int, layout: PyLayout) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from aiflame.agent.python.detect import PythonUnsupported, PyTarget, detect_python
+from aiflame.agent.python.detect import PyTarget, PythonUnsupported, detect_python
 from aiflame.agent.python.layouts import PyLayout
 from aiflame.agent.records import PyProcRec
 from aiflame.raw import PyCode, PyRuntimeInfo, RawSample
