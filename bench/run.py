@@ -10,6 +10,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     ["overhead.py"],
     ["loss.py"],
+    ["python_overhead.py"],
     ["bench_symbolize.py"],
 ]
 

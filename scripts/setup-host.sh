@@ -59,7 +59,7 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
 else
     say "installing aiflame and its dev dependencies into .venv"
     .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-    .venv/bin/python -m pip install -q -e '.[dev]'
+    .venv/bin/python -m pip install -q -e '.[dev,bench]'
     touch "$stamp"
 fi
 say "done"

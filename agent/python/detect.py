@@ -126,8 +126,7 @@ def _first_load(elf: ElfFile) -> tuple[int, int] | None:
 class _Candidate:
     path: str  # as in maps
     open_path: str  # what we can open (map_files, /proc/PID/root/..., path)
-    base: int  # start of the mapping of the first PT_LOAD's file page
-    offset0_start: int
+    offset0_start: int  # start of the file's offset-0 mapping
     name_minor: int | None
     name_free_threaded: bool
 
@@ -160,7 +159,7 @@ def _candidates(pid: int) -> list[_Candidate]:
             minor, ft = (int(m2.group(1)), bool(m2.group(2))) if m2 else (None, False)
         else:
             minor, ft = int(m.group(1)), bool(m.group(2))
-        cand = _Candidate(path, f"/proc/{pid}/map_files/{lo:x}-{hi:x}", lo, lo, minor, ft)
+        cand = _Candidate(path, f"/proc/{pid}/map_files/{lo:x}-{hi:x}", lo, minor, ft)
         (exes if m is None else libs).append(cand)
     return libs + exes
 
