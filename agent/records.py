@@ -67,6 +67,8 @@ class PyProcRec(ctypes.Structure):
         ("frame_instr", ctypes.c_int32),
         ("frame_owner", ctypes.c_int32),
         ("frame_is_entry", ctypes.c_int32),
+        ("frame_read", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     ]
 
 

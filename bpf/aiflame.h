@@ -62,6 +62,8 @@ struct py_proc {
     __s32 frame_instr;
     __s32 frame_owner;
     __s32 frame_is_entry;
+    __u32 frame_read;  /* bytes of a frame to read at once: covers every frame field above (<= 128) */
+    __u32 pad;
 };
 
 struct sample_rec {

@@ -17,6 +17,9 @@ BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 BPF_HASH(py_procs, u32, struct py_proc, 4096);
 /* tid -> its Python thread state, re-checked on every hit (threads come and go). */
 BPF_TABLE("lru_hash", u32, u64, py_tstates, 65536);
+/* One frame is read into this per-CPU buffer with a single user read, then picked apart. */
+struct py_buf { u8 b[128 + 8]; };
+BPF_PERCPU_ARRAY(py_scratch, struct py_buf, 1);
 BPF_RINGBUF_OUTPUT(events, AIFLAME_RINGBUF_PAGES);
 /* Never written: lets user space read the C layouts back through BCC's type info. */
 BPF_ARRAY(layout_sample, struct sample_rec, 1);
@@ -41,6 +44,14 @@ static __always_inline u64 read_ptr(u64 addr) {
     u64 v = 0;
     if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0)
         return 0;
+    return v;
+}
+
+/* 8 bytes at `off` of a frame read into `buf` (bounded so the verifier can see it stays inside). */
+static __always_inline u64 field64(struct py_buf *buf, s32 off) {
+    u64 v = 0;
+    u32 o = (u32)off & 127;
+    __builtin_memcpy(&v, &buf->b[o], sizeof(v));
     return v;
 }
 
@@ -96,32 +107,34 @@ static __always_inline void walk_python(struct sample_rec *rec, u32 tgid, u32 ti
     u64 frame = read_ptr(ts + pp->tstate_frame);
     if (pp->cframe_current_frame >= 0 && frame)
         frame = read_ptr(frame + pp->cframe_current_frame);
+    u32 zero = 0;
+    struct py_buf *buf = py_scratch.lookup(&zero);
+    if (!buf)
+        return;
+    u32 size = pp->frame_read & 127;
     u32 n = 0;
     for (int i = 0; i < AIFLAME_MAX_PY_FRAMES; i++) {
         if (!frame)
             break;
         struct py_frame *f = &rec->py[i];
-        f->code = read_ptr(frame + pp->frame_code);
-        if (pp->version < 0x30b) {
-            int lasti = 0;
-            bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(frame + pp->frame_instr));
-            f->instr = lasti;
-        } else {
-            f->instr = (u32)(read_ptr(frame + pp->frame_instr) - f->code);
+        if (bpf_probe_read_user(buf->b, size, (void *)frame) != 0) {
+            rec->py_flags |= PY_READ_ERR;
+            break;
         }
-        f->owner = 0;
-        f->is_entry = 0;
-        if (pp->frame_owner >= 0)
-            bpf_probe_read_user(&f->owner, 1, (void *)(frame + pp->frame_owner));
-        if (pp->frame_is_entry >= 0)
-            bpf_probe_read_user(&f->is_entry, 1, (void *)(frame + pp->frame_is_entry));
+        f->code = field64(buf, pp->frame_code);
+        if (pp->version < 0x30b)
+            f->instr = (u32)field64(buf, pp->frame_instr); /* f_lasti: the low 4 bytes */
+        else
+            f->instr = (u32)(field64(buf, pp->frame_instr) - f->code);
+        f->owner = pp->frame_owner >= 0 ? (u8)field64(buf, pp->frame_owner) : 0;
+        f->is_entry = pp->frame_is_entry >= 0 ? (u8)field64(buf, pp->frame_is_entry) : 0;
         f->pad = 0;
         n = i + 1;
         if (!f->code) {
             rec->py_flags |= PY_READ_ERR;
             break;
         }
-        frame = read_ptr(frame + pp->frame_back);
+        frame = field64(buf, pp->frame_back);
     }
     rec->py_count = n;
     if (frame && n == AIFLAME_MAX_PY_FRAMES) {

@@ -26,7 +26,17 @@ def proc_rec(t: PyTarget) -> PyProcRec:
         tstate_native_thread_id=lay.tstate_native_thread_id, tstate_frame=lay.tstate_frame,
         cframe_current_frame=lay.cframe_current_frame, frame_code=lay.frame_code, frame_back=lay.frame_back,
         frame_instr=lay.frame_instr, frame_owner=lay.frame_owner, frame_is_entry=lay.frame_is_entry,
+        frame_read=frame_read_size(lay),
     )
+
+
+def frame_read_size(lay: PyLayout) -> int:
+    """Bytes that cover every frame field the walker reads (8-byte reads; owner/is_entry read 8 bytes too)."""
+    offs = [lay.frame_code, lay.frame_back, lay.frame_instr, lay.frame_owner, lay.frame_is_entry]
+    size = max(o for o in offs if o >= 0) + 8
+    if size > 128:
+        raise ValueError(f"Python {lay.version}: frame fields beyond 128 bytes")
+    return size
 
 
 @dataclass
