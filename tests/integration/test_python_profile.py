@@ -113,3 +113,30 @@ def test_command_mode_follows_python_children(tmp_path: Path) -> None:
     prof = symbolize_capture(cap, options=StackOptions(group="none", python="python"))
     pids = {s.pid for s in prof.samples if any(f.name == "child_spin" for f in s.stack)}
     assert len(pids) == 2, pids
+
+
+def test_thread_churn_and_exit_mid_capture(tmp_path: Path) -> None:
+    script = tmp_path / "churn.py"
+    script.write_text(
+        "import threading, time\n"
+        "def short():\n    s = 0\n    for i in range(20000):\n        s += i\n"
+        "end = time.monotonic() + 7.0\n"
+        "print('ready', flush=True)\n"
+        "while time.monotonic() < end:\n"
+        "    ts = [threading.Thread(target=short) for _ in range(4)]\n"
+        "    [t.start() for t in ts]\n    [t.join() for t in ts]\n"
+    )
+    target = subprocess.Popen([INTERPRETERS[3], str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        # -d is longer than the target lives: the capture must end at its exit with everything kept.
+        aiflame("profile", "-q", "-p", str(target.pid), "-d", "30", "-F", "499", "-o", str(tmp_path / "o"))
+    finally:
+        target.kill()
+        target.wait()
+    cap = read_capture(tmp_path / "o" / "profile.aiflame")
+    assert cap.footer is not None and cap.footer.stop_reason == "target exited"
+    prof = symbolize_capture(cap, options=StackOptions(group="none", python="python"))
+    tids = {s.tid for s in prof.samples if any(f.name == "short" for f in s.stack)}
+    assert len(tids) > 20, len(tids)  # many short-lived threads, each found by the walker
+    assert sum(1 for s in prof.samples if s.stack) >= 0.95 * len(prof.samples)
