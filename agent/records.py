@@ -8,6 +8,7 @@ import enum
 MAX_STACK = 127
 COMM_LEN = 16
 MAX_PY_FRAMES = 96
+SAMPLE_WORDS = 2 * MAX_STACK + 2 * MAX_PY_FRAMES
 
 
 class PyFlag(enum.IntFlag):
@@ -38,16 +39,6 @@ class Counter(enum.IntEnum):
 
 
 COUNTER_SLOTS = 8
-
-
-class PyFrameRec(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_uint64),
-        ("instr", ctypes.c_uint32),
-        ("owner", ctypes.c_uint8),
-        ("is_entry", ctypes.c_uint8),
-        ("pad", ctypes.c_uint16),
-    ]
 
 
 class PyProcRec(ctypes.Structure):
@@ -82,11 +73,9 @@ class SampleRec(ctypes.Structure):
         ("user_len", ctypes.c_int32),
         ("kern_len", ctypes.c_int32),
         ("comm", ctypes.c_char * COMM_LEN),
-        ("user", ctypes.c_uint64 * MAX_STACK),
-        ("kern", ctypes.c_uint64 * MAX_STACK),
         ("py_count", ctypes.c_uint32),
         ("py_flags", ctypes.c_uint32),
-        ("py", PyFrameRec * MAX_PY_FRAMES),
+        ("data", ctypes.c_uint64 * SAMPLE_WORDS),  # packed: user, kernel, then 2 words per Python frame
     ]
 
 

@@ -62,30 +62,30 @@ def bpf_source(config: SamplerConfig) -> str:
 
 
 _S_OFF = {f[0]: getattr(SampleRec, f[0]).offset for f in SampleRec._fields_}
-_HEAD = struct.Struct("<IIQIIii16s")  # kind..comm of sample_rec
-_PY_FRAME = struct.Struct("<QIBBH")
+_HEAD = struct.Struct("<IIQIIii16sII")  # sample_rec up to data[]
 _P_HEAD = struct.Struct("<IIQII16s")
-assert _HEAD.size == _S_OFF["user"] and _P_HEAD.size == ctypes.sizeof(ProcRec)
+assert _HEAD.size == _S_OFF["data"] and _P_HEAD.size == ctypes.sizeof(ProcRec)
 
 
 def decode_record(buf: bytes) -> RawSample | ProcEvent | None:
     """Turn one ring-buffer record into a RawSample or ProcEvent (None for an unknown kind)."""
     kind = int.from_bytes(buf[:4], "little")
     if kind == RecKind.SAMPLE:
-        _, cpu, t, pid, tid, ulen, klen, comm = _HEAD.unpack_from(buf)
-        nu = max(ulen, 0) // 8
-        nk = max(klen, 0) // 8
-        user = struct.unpack_from(f"<{nu}Q", buf, _S_OFF["user"]) if nu else ()
-        kern = struct.unpack_from(f"<{nk}Q", buf, _S_OFF["kern"]) if nk else ()
-        py_count, py_flags = struct.unpack_from("<II", buf, _S_OFF["py_count"])
-        py: tuple[RawPyFrame, ...] = ()
-        if py_count:
-            base = _S_OFF["py"]
-            n = min(py_count, (len(buf) - base) // _PY_FRAME.size)
-            py = tuple(RawPyFrame(*_PY_FRAME.unpack_from(buf, base + i * _PY_FRAME.size)[:4]) for i in range(n))
+        _, cpu, t, pid, tid, ulen, klen, comm, py_count, py_flags = _HEAD.unpack_from(buf)
+        words = (len(buf) - _HEAD.size) // 8
+        data = struct.unpack_from(f"<{words}Q", buf, _HEAD.size) if words > 0 else ()
+        nu = min(max(ulen, 0) // 8, len(data))
+        nk = min(max(klen, 0) // 8, len(data) - nu)
+        npy = min(py_count, (len(data) - nu - nk) // 2)
+        base = nu + nk
+        py = tuple(
+            RawPyFrame(data[base + 2 * i], data[base + 2 * i + 1] & 0xFFFFFFFF, (data[base + 2 * i + 1] >> 32) & 0xFF,
+                       (data[base + 2 * i + 1] >> 40) & 0xFF)
+            for i in range(npy)
+        )
         return RawSample(
-            t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), user, kern,
-            min(ulen, 0), min(klen, 0), 1, py, py_flags,
+            t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), tuple(data[:nu]),
+            tuple(data[nu:nu + nk]), min(ulen, 0), min(klen, 0), 1, py, py_flags,
         )
     if kind in (RecKind.FORK, RecKind.EXEC, RecKind.EXIT):
         _, _cpu, t, pid, child, comm = _P_HEAD.unpack_from(buf)

@@ -35,14 +35,10 @@ enum aiflame_counter {
 #define PY_TRUNCATED 4   /* more frames than AIFLAME_MAX_PY_FRAMES */
 #define PY_READ_ERR 8    /* the walk stopped on a failed read */
 
-/* One Python frame as read: the code object and where in it the thread is. */
-struct py_frame {
-    __u64 code;        /* PyCodeObject address */
-    __u32 instr;       /* 3.10: f_lasti; 3.11+: instruction pointer minus code address (bytes) */
-    __u8 owner;        /* 3.11+: frame owner (3.12/3.13: C-stack shim marks an evaluator entry) */
-    __u8 is_entry;     /* 3.11: first frame of an evaluator call */
-    __u16 pad;
-};
+/* A Python frame takes two words of sample_rec.data: the code object address, then
+ * instr | owner << 32 | is_entry << 40, where instr is f_lasti (3.10) or the instruction pointer minus the code
+ * address in bytes (3.11+), and owner/is_entry mark evaluator entries (3.11+). */
+#define AIFLAME_SAMPLE_WORDS (2 * AIFLAME_MAX_STACK + 2 * AIFLAME_MAX_PY_FRAMES)
 
 /* Per-process walker configuration (agent/python/ fills it from the version's layout). Offsets of -1 mark
  * fields the version does not have. */
@@ -66,20 +62,21 @@ struct py_proc {
     __u32 pad;
 };
 
+/* Built in a per-CPU buffer and copied to the ring buffer only as long as it is used: a header, then
+ * user_len/8 user addresses, kern_len/8 kernel addresses (both leaf first) and py_count Python frames
+ * (newest first), packed one after the other in data[]. */
 struct sample_rec {
     __u32 kind;        /* REC_SAMPLE */
     __u32 cpu;
     __u64 time_ns;     /* bpf_ktime_get_ns(), CLOCK_MONOTONIC */
     __u32 pid;         /* tgid */
     __u32 tid;
-    __s32 user_len;    /* bytes of user[] filled, or a negative errno */
-    __s32 kern_len;    /* bytes of kern[] filled, or a negative errno */
+    __s32 user_len;    /* bytes of user addresses in data[], or a negative errno */
+    __s32 kern_len;    /* bytes of kernel addresses in data[], or a negative errno */
     char comm[AIFLAME_COMM_LEN];
-    __u64 user[AIFLAME_MAX_STACK]; /* leaf first */
-    __u64 kern[AIFLAME_MAX_STACK]; /* leaf first */
-    __u32 py_count;    /* frames in py[] */
+    __u32 py_count;    /* Python frames in data[] */
     __u32 py_flags;    /* PY_* */
-    struct py_frame py[AIFLAME_MAX_PY_FRAMES]; /* newest first */
+    __u64 data[AIFLAME_SAMPLE_WORDS];
 };
 
 struct proc_rec {

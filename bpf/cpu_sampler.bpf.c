@@ -20,6 +20,8 @@ BPF_TABLE("lru_hash", u32, u64, py_tstates, 65536);
 /* One frame is read into this per-CPU buffer with a single user read, then picked apart. */
 struct py_buf { u8 b[128 + 8]; };
 BPF_PERCPU_ARRAY(py_scratch, struct py_buf, 1);
+/* The sample is assembled here (hot in cache) and only its used part is copied to the ring buffer. */
+BPF_PERCPU_ARRAY(sample_scratch, struct sample_rec, 1);
 BPF_RINGBUF_OUTPUT(events, AIFLAME_RINGBUF_PAGES);
 /* Never written: lets user space read the C layouts back through BCC's type info. */
 BPF_ARRAY(layout_sample, struct sample_rec, 1);
@@ -93,7 +95,12 @@ static __always_inline u64 find_tstate(struct py_proc *pp, u32 tid) {
 }
 
 /* Walk the sampled thread's Python frames, newest first. Every frame is kept; user space drops shims. */
-static __always_inline void walk_python(struct sample_rec *rec, u32 tgid, u32 tid) {
+static __always_inline void put_word(struct sample_rec *rec, u32 idx, u64 v) {
+    if (idx < AIFLAME_SAMPLE_WORDS)
+        rec->data[idx] = v;
+}
+
+static __always_inline void walk_python(struct sample_rec *rec, u32 tgid, u32 tid, u32 base) {
     rec->py_count = 0;
     rec->py_flags = 0;
     struct py_proc *pp = py_procs.lookup(&tgid);
@@ -116,21 +123,24 @@ static __always_inline void walk_python(struct sample_rec *rec, u32 tgid, u32 ti
     for (int i = 0; i < AIFLAME_MAX_PY_FRAMES; i++) {
         if (!frame)
             break;
-        struct py_frame *f = &rec->py[i];
         if (bpf_probe_read_user(buf->b, size, (void *)frame) != 0) {
             rec->py_flags |= PY_READ_ERR;
             break;
         }
-        f->code = field64(buf, pp->frame_code);
+        u64 code = field64(buf, pp->frame_code);
+        u64 instr;
         if (pp->version < 0x30b)
-            f->instr = (u32)field64(buf, pp->frame_instr); /* f_lasti: the low 4 bytes */
+            instr = (u32)field64(buf, pp->frame_instr); /* f_lasti: the low 4 bytes */
         else
-            f->instr = (u32)(field64(buf, pp->frame_instr) - f->code);
-        f->owner = pp->frame_owner >= 0 ? (u8)field64(buf, pp->frame_owner) : 0;
-        f->is_entry = pp->frame_is_entry >= 0 ? (u8)field64(buf, pp->frame_is_entry) : 0;
-        f->pad = 0;
+            instr = (u32)(field64(buf, pp->frame_instr) - code);
+        if (pp->frame_owner >= 0)
+            instr |= (field64(buf, pp->frame_owner) & 0xff) << 32;
+        if (pp->frame_is_entry >= 0)
+            instr |= (field64(buf, pp->frame_is_entry) & 0xff) << 40;
+        put_word(rec, base + 2 * i, code);
+        put_word(rec, base + 2 * i + 1, instr);
         n = i + 1;
-        if (!f->code) {
+        if (!code) {
             rec->py_flags |= PY_READ_ERR;
             break;
         }
@@ -152,25 +162,37 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         return 0;
     count(CNT_SAMPLES);
 
-    struct sample_rec *rec = events.ringbuf_reserve(sizeof(struct sample_rec));
-    if (!rec) {
-        count(CNT_LOST);
+    u32 zero = 0;
+    struct sample_rec *rec = sample_scratch.lookup(&zero);
+    if (!rec)
         return 0;
-    }
     rec->kind = REC_SAMPLE;
     rec->cpu = bpf_get_smp_processor_id();
     rec->time_ns = bpf_ktime_get_ns();
     rec->pid = tgid;
     rec->tid = (u32)id;
     bpf_get_current_comm(rec->comm, sizeof(rec->comm));
-    rec->kern_len = bpf_get_stack(ctx, rec->kern, sizeof(rec->kern), 0);
-    if (rec->kern_len < 0)
-        count(CNT_KSTACK_ERR);
-    rec->user_len = bpf_get_stack(ctx, rec->user, sizeof(rec->user), BPF_F_USER_STACK);
+    rec->user_len = bpf_get_stack(ctx, rec->data, AIFLAME_MAX_STACK * 8, BPF_F_USER_STACK);
     if (rec->user_len < 0)
         count(CNT_USTACK_ERR);
-    walk_python(rec, tgid, (u32)id);
-    events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+    u32 nu = rec->user_len > 0 ? (u32)rec->user_len / 8 : 0;
+    if (nu > AIFLAME_MAX_STACK)
+        nu = AIFLAME_MAX_STACK;
+    rec->kern_len = bpf_get_stack(ctx, &rec->data[nu], AIFLAME_MAX_STACK * 8, 0);
+    if (rec->kern_len < 0)
+        count(CNT_KSTACK_ERR);
+    u32 nk = rec->kern_len > 0 ? (u32)rec->kern_len / 8 : 0;
+    if (nk > AIFLAME_MAX_STACK)
+        nk = AIFLAME_MAX_STACK;
+    walk_python(rec, tgid, (u32)id, nu + nk);
+    u32 words = nu + nk + 2 * rec->py_count;
+    if (words > AIFLAME_SAMPLE_WORDS)
+        words = AIFLAME_SAMPLE_WORDS;
+    u64 size = offsetof(struct sample_rec, data) + (u64)words * 8;
+    if (size > sizeof(struct sample_rec))
+        size = sizeof(struct sample_rec);
+    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
+        count(CNT_LOST);
     return 0;
 }
 
