@@ -76,7 +76,7 @@ class PythonPlugin:
             t = detect_python(pid)
         except PythonUnsupported as e:
             if n + 1 == self.RETRIES:
-                self.warnings.append(f"pid {pid}: {e}; its native frames are still profiled")
+                self.warnings.append(f"{e}; its native frames are still profiled")
             return None
         except OSError:
             return None

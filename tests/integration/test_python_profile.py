@@ -140,3 +140,18 @@ def test_thread_churn_and_exit_mid_capture(tmp_path: Path) -> None:
     tids = {s.tid for s in prof.samples if any(f.name == "short" for f in s.stack)}
     assert len(tids) > 20, len(tids)  # many short-lived threads, each found by the walker
     assert sum(1 for s in prof.samples if s.stack) >= 0.95 * len(prof.samples)
+
+
+def test_unverified_version_warns_once_and_stays_native(tmp_path: Path) -> None:
+    old = "/root/.pyenv/versions/3.9.18/bin/python"  # no verified layout: stands in for 3.14 / free-threaded
+    if not Path(old).exists():
+        pytest.fail(f"{old} is part of this machine kind's image")
+    script = tmp_path / "busy.py"
+    script.write_text("import time\nend = time.time() + 5\nwhile time.time() < end:\n    sum(range(10000))\n")
+    proc = aiflame("profile", "-F", "99", "-o", str(tmp_path / "o"), "--", old, str(script))
+    warnings = [ln for ln in proc.stderr.splitlines() if "no verified struct layout" in ln]
+    assert len(warnings) == 1, proc.stderr
+    cap = read_capture(tmp_path / "o" / "profile.aiflame")
+    assert not cap.py_runtimes and not any(s.py for s in cap.samples)
+    assert "py::" not in (tmp_path / "o" / "profile.folded").read_text()
+    assert "_PyEval_EvalFrameDefault" in (tmp_path / "o" / "profile.folded").read_text()
