@@ -9,6 +9,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = [
     ["overhead.py"],
+    ["bpf_cost.py"],
     ["loss.py"],
     ["python_overhead.py"],
     ["bench_symbolize.py"],
