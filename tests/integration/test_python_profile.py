@@ -155,3 +155,22 @@ def test_unverified_version_warns_once_and_stays_native(tmp_path: Path) -> None:
     assert not cap.py_runtimes and not any(s.py for s in cap.samples)
     assert "py::" not in (tmp_path / "o" / "profile.folded").read_text()
     assert "_PyEval_EvalFrameDefault" in (tmp_path / "o" / "profile.folded").read_text()
+
+
+def test_interpreter_embedded_in_a_c_program(tmp_path: Path) -> None:
+    prefix = "/root/.pyenv/versions/3.12.1"
+    src = tmp_path / "embed.c"
+    src.write_text(
+        "#include <Python.h>\nint main(void) {\n    Py_Initialize();\n"
+        '    PyRun_SimpleString("import time\\ndef hot():\\n    s = 0\\n    for i in range(100000):\\n        s += i\\n"\n'
+        '                       "end = time.time() + 3\\nwhile time.time() < end:\\n    hot()\\n");\n'
+        "    Py_Finalize();\n    return 0;\n}\n"
+    )
+    cfg = f"{prefix}/bin/python3.12-config"
+    flags = subprocess.run([cfg, "--cflags", "--embed"], capture_output=True, text=True, check=True).stdout.split()
+    libs = subprocess.run([cfg, "--ldflags", "--embed"], capture_output=True, text=True, check=True).stdout.split()
+    exe = tmp_path / "embed"
+    subprocess.run(["gcc", "-o", str(exe), str(src), *flags, *libs, f"-Wl,-rpath,{prefix}/lib"], check=True)
+    aiflame("profile", "-q", "-F", "199", "-o", str(tmp_path / "o"), "--", str(exe))
+    folded = (tmp_path / "o" / "profile.folded").read_text()
+    assert "embed;py::<module> (<string>:" in folded and ";py::hot (<string>:" in folded, folded[:2000]
