@@ -162,7 +162,8 @@ def test_interpreter_embedded_in_a_c_program(tmp_path: Path) -> None:
     src = tmp_path / "embed.c"
     src.write_text(
         "#include <Python.h>\nint main(void) {\n    Py_Initialize();\n"
-        '    PyRun_SimpleString("import time\\ndef hot():\\n    s = 0\\n    for i in range(100000):\\n        s += i\\n"\n'
+        '    PyRun_SimpleString("import time\\ndef hot():\\n    s = 0\\n"\n'
+        '                       "    for i in range(100000):\\n        s += i\\n"\n'
         '                       "end = time.time() + 3\\nwhile time.time() < end:\\n    hot()\\n");\n'
         "    Py_Finalize();\n    return 0;\n}\n"
     )
