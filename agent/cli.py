@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from aiflame import __version__
-from aiflame.agent.capture import CaptureError, read_capture
+from aiflame.agent.capture import MAGIC, CaptureError, read_capture
 from aiflame.agent.sampler import SamplerConfig, SamplerError, bpf_source
 from aiflame.agent.session import Session, SessionConfig, SessionError, SessionStats
 from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
@@ -131,8 +131,6 @@ def _load_profile(path: Path, args: argparse.Namespace) -> Profile:
             head = f.read(8)
     except OSError as e:
         raise CaptureError(f"{path}: {e.strerror}") from None
-    from aiflame.agent.capture import MAGIC
-
     if head == MAGIC or args.cmd == "export":
         native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
         return symbolize_capture(read_capture(path), native, options=_view(args))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiflame.agent.records import COUNTER_SLOTS, Counter, ProcRec, PyProcRec, RecKind, SampleRec
+from aiflame.agent.records import Counter, ProcRec, PyProcRec, RecKind, SampleRec
 from aiflame.raw import RawPyFrame, RawSample
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -61,10 +61,9 @@ def bpf_source(config: SamplerConfig) -> str:
     return defines + SOURCE.read_text().replace('#include "aiflame.h"', header)
 
 
-_S_OFF = {f[0]: getattr(SampleRec, f[0]).offset for f in SampleRec._fields_}
 _HEAD = struct.Struct("<IIQIIii16sII")  # sample_rec up to data[]
 _P_HEAD = struct.Struct("<IIQII16s")
-assert _HEAD.size == _S_OFF["data"] and _P_HEAD.size == ctypes.sizeof(ProcRec)
+assert _HEAD.size == SampleRec.data.offset and _P_HEAD.size == ctypes.sizeof(ProcRec)
 
 
 def decode_record(buf: bytes) -> RawSample | ProcEvent | None:
@@ -189,5 +188,3 @@ class CpuSampler:
             self._bpf.cleanup()
             self._bpf = None
 
-
-__all__ = ["COUNTER_SLOTS", "CpuSampler", "ProcEvent", "SamplerConfig", "SamplerError", "bpf_source", "decode_record"]

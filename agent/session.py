@@ -60,14 +60,25 @@ def check_root() -> None:
         raise SessionError("must run as root (BPF and perf events need it); try sudo")
 
 
-def check_pid(pid: int) -> None:
-    if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
-        raise SessionError(f"no such process: {pid}")
+def _proc_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, Z, ...), None when there is no such process."""
+    if pid <= 0:
+        return None
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        raise SessionError(f"no such process: {pid}") from None
+        return None
+
+
+def _alive(pid: int) -> bool:
+    return _proc_state(pid) not in (None, "Z", "X")
+
+
+def check_pid(pid: int) -> None:
+    state = _proc_state(pid)
+    if state is None:
+        raise SessionError(f"no such process: {pid}")
     if state in ("Z", "X"):
         raise SessionError(f"process {pid} has already exited")
 
@@ -350,14 +361,6 @@ class Session:
             if name:
                 out[a] = name
         return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def _is_thread(tid: int) -> bool:

@@ -41,6 +41,29 @@ def bpf_prog_stats(pid: int, prog_type: int = PERF_EVENT_PROG) -> tuple[int, int
     return total_ns, total_cnt
 
 
+def holds_perf_prog(pid: int) -> bool:
+    """True once `pid` holds a perf-event BPF program (the profiler has compiled and attached)."""
+    try:
+        return any(f"prog_type:\t{PERF_EVENT_PROG}\n" in p.read_text() for p in Path(f"/proc/{pid}/fdinfo").iterdir())
+    except OSError:
+        return False
+
+
+def capture_figures(path: Path) -> dict[str, float]:
+    """Agent CPU (% of a core over the capture), sample and loss counts from an aiflame capture."""
+    from aiflame.agent.capture import read_capture
+
+    cap = read_capture(path)
+    assert cap.footer is not None
+    elapsed = (cap.footer.end_mono_ns - cap.header.start_mono_ns) / 1e9
+    return {
+        "agent_cpu_pct": 100 * cap.footer.agent_cpu_s / elapsed,
+        "samples": len(cap.samples),
+        "py_samples": sum(1 for s in cap.samples if s.py),
+        "lost": cap.footer.counters.get("lost", 0),
+    }
+
+
 def set_bpf_stats(on: bool) -> None:
     Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1" if on else "0")
 

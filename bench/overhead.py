@@ -17,7 +17,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import EXAMPLES, aiflame_cmd, bpf_prog_stats, conditions, run_quiet, save, set_bpf_stats, wait_for
+from common import (
+    EXAMPLES,
+    aiflame_cmd,
+    bpf_prog_stats,
+    capture_figures,
+    conditions,
+    holds_perf_prog,
+    run_quiet,
+    save,
+    set_bpf_stats,
+    wait_for,
+)
 
 BCC_PROFILE = "/usr/sbin/profile-bpfcc"
 
@@ -26,16 +37,6 @@ def steal_ticks() -> int:
     """Ticks stolen from this VM by its host (noise the slowdown figures cannot see otherwise)."""
     with open("/proc/stat") as f:
         return int(f.readline().split()[8])
-
-
-def _bcc_attached(pid: int) -> bool:
-    """bcc's profile has attached once it holds a perf-event BPF program."""
-    try:
-        return bpf_prog_stats(pid)[1] >= 0 and any(
-            "prog_type:\t7" in p.read_text() for p in Path(f"/proc/{pid}/fdinfo").iterdir()
-        )
-    except OSError:
-        return False
 
 
 def run_target(mode: str, threads: int, iters: int, delay: float, hz: int, tmp: Path) -> dict[str, float]:
@@ -52,8 +53,8 @@ def run_target(mode: str, threads: int, iters: int, delay: float, hz: int, tmp: 
     if mode == "aiflame":
         ready = wait_for(lambda: (tmp / "a" / "profile.aiflame.partial").exists(), 120)
     elif mode == "bcc":
-        assert prof is not None and prof.stderr is not None
-        ready = wait_for(lambda: _bcc_attached(prof.pid), 120)
+        assert prof is not None
+        ready = wait_for(lambda: holds_perf_prog(prof.pid), 120)
     else:
         ready = True
     assert ready, f"{mode} did not start"
@@ -85,14 +86,8 @@ def run_target(mode: str, threads: int, iters: int, delay: float, hz: int, tmp: 
             out["bpf_ns_per_run"] = stats[0] / stats[1]
             out["bpf_runs"] = stats[1]
     if mode == "aiflame":
-        from aiflame.agent.capture import read_capture
-
-        cap = read_capture(tmp / "a" / "profile.aiflame")
-        assert cap.footer is not None
-        elapsed = (cap.footer.end_mono_ns - cap.header.start_mono_ns) / 1e9
-        out["agent_cpu_pct"] = 100 * cap.footer.agent_cpu_s / elapsed
-        out["samples"] = len(cap.samples)
-        out["lost"] = cap.footer.counters.get("lost", 0)
+        figures = capture_figures(tmp / "a" / "profile.aiflame")
+        out.update((k, figures[k]) for k in ("agent_cpu_pct", "samples", "lost"))
     return out
 
 

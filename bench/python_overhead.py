@@ -18,7 +18,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, aiflame_cmd, bpf_prog_stats, conditions, run_quiet, save, set_bpf_stats, wait_for
+from common import (
+    REPO,
+    aiflame_cmd,
+    bpf_prog_stats,
+    capture_figures,
+    conditions,
+    run_quiet,
+    save,
+    set_bpf_stats,
+    wait_for,
+)
 
 PY = "/root/.pyenv/versions/3.12.1/bin/python"
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))
@@ -57,14 +67,8 @@ def run(mode: str, rounds: int, hz: int, tmp: Path) -> dict[str, float]:
         except subprocess.TimeoutExpired:
             prof.kill()
     if mode == "aiflame":
-        from aiflame.agent.capture import read_capture
-
-        cap = read_capture(tmp / "a" / "profile.aiflame")
-        assert cap.footer is not None
-        elapsed = (cap.footer.end_mono_ns - cap.header.start_mono_ns) / 1e9
-        out["agent_cpu_pct"] = 100 * cap.footer.agent_cpu_s / elapsed
-        out["py_samples"] = sum(1 for s in cap.samples if s.py)
-        out["samples"] = len(cap.samples)
+        figures = capture_figures(tmp / "a" / "profile.aiflame")
+        out.update((k, figures[k]) for k in ("agent_cpu_pct", "py_samples", "samples"))
         if stats[1]:
             out["bpf_ns_per_run"] = stats[0] / stats[1]
         shutil.rmtree(tmp / "a", ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class _ProcessIndex:
     def find(self, addr: int, time_ns: int) -> Mapping | None:
         # Prefer the latest snapshot taken before the sample, then later ones (read after the sample).
         k = bisect.bisect_right(self.times, time_ns)
-        for i in list(range(k - 1, -1, -1)) + list(range(k, len(self.snaps))):
+        for i in itertools.chain(range(k - 1, -1, -1), range(k, len(self.snaps))):
             m = self._in(i, addr)
             if m is not None:
                 return m

@@ -16,18 +16,19 @@ from aiflame.symbolize.python_code import CodeResolver
 log = logging.getLogger(__name__)
 
 
+# The offset fields of struct py_proc, each named as in PyLayout.
+_OFFSET_FIELDS = tuple(f[0] for f in PyProcRec._fields_ if f[0] not in ("runtime", "version", "tid_offset",
+                                                                         "frame_read", "pad"))
+
+
 def proc_rec(t: PyTarget) -> PyProcRec:
     """The walker's per-process configuration (struct py_proc) for a detected interpreter."""
     lay: PyLayout = t.layout
-    return PyProcRec(
-        runtime=t.runtime_addr, version=(t.version[0] << 8) | t.version[1], tid_offset=t.tid_offset,
-        runtime_interp_head=lay.runtime_interp_head, interp_tstate_head=lay.interp_tstate_head,
-        tstate_next=lay.tstate_next, tstate_thread_id=lay.tstate_thread_id,
-        tstate_native_thread_id=lay.tstate_native_thread_id, tstate_frame=lay.tstate_frame,
-        cframe_current_frame=lay.cframe_current_frame, frame_code=lay.frame_code, frame_back=lay.frame_back,
-        frame_instr=lay.frame_instr, frame_owner=lay.frame_owner, frame_is_entry=lay.frame_is_entry,
-        frame_read=frame_read_size(lay),
-    )
+    rec = PyProcRec(runtime=t.runtime_addr, version=(t.version[0] << 8) | t.version[1], tid_offset=t.tid_offset,
+                    frame_read=frame_read_size(lay))
+    for name in _OFFSET_FIELDS:
+        setattr(rec, name, getattr(lay, name))
+    return rec
 
 
 def frame_read_size(lay: PyLayout) -> int:
