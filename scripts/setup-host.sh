@@ -8,7 +8,7 @@ say() { printf '[setup] %s\n' "$*"; }
 need_root() { [ "$(id -u)" = 0 ] || { echo "aiflame setup: must run as root (BPF needs it)" >&2; exit 1; }; }
 need_root
 
-APT_PKGS=(bpfcc-tools python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc g++ make binutils)
+APT_PKGS=(bpfcc-tools python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc g++ make binutils libze1 libze-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -57,9 +57,9 @@ stamp=.venv/.aiflame-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
     say "project installed in .venv"
 else
-    say "installing aiflame and its dev dependencies into .venv"
+    say "installing aiflame with its dev, bench and accelerator-test dependencies (NVIDIA compiler, NCCL, CPU torch) into .venv"
     .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-    .venv/bin/python -m pip install -q -e '.[dev,bench]'
+    .venv/bin/python -m pip install -q -e '.[dev,bench,accel-test]'
     touch "$stamp"
 fi
 say "done"
