@@ -167,6 +167,64 @@ class KernelSymbols(_message.Message):
     symbols: _containers.RepeatedCompositeFieldContainer[KernelSymbol]
     def __init__(self, symbols: _Optional[_Iterable[_Union[KernelSymbol, _Mapping]]] = ...) -> None: ...
 
+class Event(_message.Message):
+    __slots__ = ("runtime", "call", "kind", "pid", "tid", "start_ns", "end_ns", "user", "user_err", "py", "py_flags", "args", "strs")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class StrsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    TID_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    USER_ERR_FIELD_NUMBER: _ClassVar[int]
+    PY_FIELD_NUMBER: _ClassVar[int]
+    PY_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    STRS_FIELD_NUMBER: _ClassVar[int]
+    runtime: str
+    call: str
+    kind: str
+    pid: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    user: _containers.RepeatedScalarFieldContainer[int]
+    user_err: int
+    py: _containers.RepeatedCompositeFieldContainer[PyFrame]
+    py_flags: int
+    args: _containers.ScalarMap[str, int]
+    strs: _containers.ScalarMap[str, str]
+    def __init__(self, runtime: _Optional[str] = ..., call: _Optional[str] = ..., kind: _Optional[str] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., user: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., py: _Optional[_Iterable[_Union[PyFrame, _Mapping]]] = ..., py_flags: _Optional[int] = ..., args: _Optional[_Mapping[str, int]] = ..., strs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GpuCode(_message.Message):
+    __slots__ = ("digest", "kind", "arch", "origin", "data")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    kind: str
+    arch: int
+    origin: str
+    data: bytes
+    def __init__(self, digest: _Optional[str] = ..., kind: _Optional[str] = ..., arch: _Optional[int] = ..., origin: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class Footer(_message.Message):
     __slots__ = ("end_wall_ns", "end_mono_ns", "samples", "counters", "stop_reason", "agent_cpu_s")
     class CountersEntry(_message.Message):
@@ -191,7 +249,7 @@ class Footer(_message.Message):
     def __init__(self, end_wall_ns: _Optional[int] = ..., end_mono_ns: _Optional[int] = ..., samples: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., stop_reason: _Optional[str] = ..., agent_cpu_s: _Optional[float] = ...) -> None: ...
 
 class Record(_message.Message):
-    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer", "py_code", "py_runtime")
+    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer", "py_code", "py_runtime", "event", "gpu_code")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +257,8 @@ class Record(_message.Message):
     FOOTER_FIELD_NUMBER: _ClassVar[int]
     PY_CODE_FIELD_NUMBER: _ClassVar[int]
     PY_RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    GPU_CODE_FIELD_NUMBER: _ClassVar[int]
     header: Header
     sample: Sample
     process: Process
@@ -206,4 +266,6 @@ class Record(_message.Message):
     footer: Footer
     py_code: PyCode
     py_runtime: PyRuntime
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ..., py_code: _Optional[_Union[PyCode, _Mapping]] = ..., py_runtime: _Optional[_Union[PyRuntime, _Mapping]] = ...) -> None: ...
+    event: Event
+    gpu_code: GpuCode
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ..., py_code: _Optional[_Union[PyCode, _Mapping]] = ..., py_runtime: _Optional[_Union[PyRuntime, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., gpu_code: _Optional[_Union[GpuCode, _Mapping]] = ...) -> None: ...

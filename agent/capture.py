@@ -18,10 +18,12 @@ from aiflame.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
+    GpuCode,
     Mapping,
     ProcessSnapshot,
     PyCode,
     PyRuntimeInfo,
+    RawEvent,
     RawPyFrame,
     RawSample,
 )
@@ -84,6 +86,24 @@ def footer_to_pb(f: CaptureFooter) -> pb.Footer:
     return m
 
 
+def event_to_pb(e: RawEvent) -> pb.Event:
+    m = pb.Event(runtime=e.runtime, call=e.call, kind=e.kind, pid=e.pid, tid=e.tid, start_ns=e.start_ns,
+                 end_ns=e.end_ns, user=e.user, user_err=e.user_err, py_flags=e.py_flags)
+    for f in e.py:
+        m.py.add(code=f.code, instr=f.instr, owner=f.owner, is_entry=f.is_entry)
+    m.args.update(e.args)
+    m.strs.update(e.strs)
+    return m
+
+
+def event_from_pb(m: pb.Event) -> RawEvent:
+    return RawEvent(
+        m.runtime, m.call, m.kind, m.pid, m.tid, m.start_ns, m.end_ns, tuple(m.user), m.user_err,
+        tuple(RawPyFrame(f.code, f.instr, f.owner, f.is_entry) for f in m.py), m.py_flags, dict(m.args),
+        dict(m.strs),
+    )
+
+
 class CaptureWriter:
     """Streams records to `path` (written as `path.partial`, renamed on close so readers never see half a file)."""
 
@@ -96,6 +116,8 @@ class CaptureWriter:
             raise CaptureError(f"cannot write {path}: {e.strerror}") from None
         self._f.write(MAGIC)
         self.samples_written = 0
+        self.events_written = 0
+        self._gpu_digests: set[str] = set()
         self._write(pb.Record(header=header_to_pb(header)))
 
     def _write(self, rec: pb.Record) -> None:
@@ -107,6 +129,20 @@ class CaptureWriter:
         for s in samples:
             self._write(pb.Record(sample=sample_to_pb(s)))
             self.samples_written += 1
+
+    def add_events(self, events: Iterable[RawEvent]) -> None:
+        for e in events:
+            self._write(pb.Record(event=event_to_pb(e)))
+            self.events_written += 1
+
+    def add_gpu_code(self, c: GpuCode) -> bool:
+        """Store a code object once per digest; False when it was already there."""
+        if c.digest in self._gpu_digests:
+            return False
+        self._gpu_digests.add(c.digest)
+        self._write(pb.Record(gpu_code=pb.GpuCode(digest=c.digest, kind=c.kind, arch=c.arch, origin=c.origin,
+                                                  data=c.data)))
+        return True
 
     def add_process(self, p: ProcessSnapshot) -> None:
         self._write(pb.Record(process=process_to_pb(p)))
@@ -150,6 +186,9 @@ def write_capture(path: Path, cap: Capture) -> None:
     for c in cap.py_codes:
         w.add_py_code(c)
     w.add_samples(cap.samples)
+    w.add_events(cap.events)
+    for g in cap.gpu_code:
+        w.add_gpu_code(g)
     if cap.kernel_symbols:
         w.add_kernel_symbols(cap.kernel_symbols)
     w.close(cap.footer or CaptureFooter())
@@ -238,6 +277,11 @@ def read_capture(path: Path) -> Capture:
         elif which == "py_runtime":
             r = rec.py_runtime
             cap.py_runtimes.append(PyRuntimeInfo(r.pid, r.version, r.layout_source, r.binary))
+        elif which == "event":
+            cap.events.append(event_from_pb(rec.event))
+        elif which == "gpu_code":
+            g = rec.gpu_code
+            cap.gpu_code.append(GpuCode(g.digest, g.kind, g.arch, g.origin, bytes(g.data)))
         elif which == "kernel_symbols":
             cap.kernel_symbols.update((k.addr, k.name) for k in rec.kernel_symbols.symbols)
         elif which == "footer":

@@ -9,6 +9,11 @@ MAX_STACK = 127
 COMM_LEN = 16
 MAX_PY_FRAMES = 96
 SAMPLE_WORDS = 2 * MAX_STACK + 2 * MAX_PY_FRAMES
+MAX_PROBES = 256
+PROBE_ARGS = 8
+PROBE_DEREFS = 4
+CALL_STR = 128
+PATH_LEN = 256
 
 
 class PyFlag(enum.IntFlag):
@@ -23,6 +28,15 @@ class RecKind(enum.IntEnum):
     FORK = 2
     EXEC = 3
     EXIT = 4
+    CALL = 5
+    RET = 6
+    OPEN = 7
+
+
+class ProbeFlag(enum.IntFlag):
+    STACK = 1
+    STR = 2
+    OUT = 4
 
 
 class Counter(enum.IntEnum):
@@ -36,9 +50,11 @@ class Counter(enum.IntEnum):
     TARGETS_FULL = 5
     PY_TRUNCATED = 6
     PY_READ_ERR = 7
+    CALL_LOST = 8
+    OPEN_LOST = 9
 
 
-COUNTER_SLOTS = 8
+COUNTER_SLOTS = 10
 
 
 class PyProcRec(ctypes.Structure):
@@ -87,4 +103,59 @@ class ProcRec(ctypes.Structure):
         ("pid", ctypes.c_uint32),
         ("child", ctypes.c_uint32),
         ("comm", ctypes.c_char * COMM_LEN),
+    ]
+
+
+class ProbeSpecRec(ctypes.Structure):
+    _fields_ = [
+        ("flags", ctypes.c_uint32),
+        ("src", ctypes.c_int16 * PROBE_DEREFS),
+        ("off", ctypes.c_int32 * PROBE_DEREFS),
+        ("str_src", ctypes.c_int16),
+        ("out_arg", ctypes.c_int16),
+    ]
+
+
+class CallRec(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("time_ns", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("probe", ctypes.c_uint32),
+        ("user_len", ctypes.c_int32),
+        ("args", ctypes.c_uint64 * PROBE_ARGS),
+        ("deref", ctypes.c_uint64 * PROBE_DEREFS),
+        ("deref_ok", ctypes.c_uint32),
+        ("py_count", ctypes.c_uint32),
+        ("py_flags", ctypes.c_uint32),
+        ("str_len", ctypes.c_int32),
+        ("str", ctypes.c_char * CALL_STR),
+        ("data", ctypes.c_uint64 * SAMPLE_WORDS),  # packed: user stack, then 2 words per Python frame
+    ]
+
+
+class RetRec(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("time_ns", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("probe", ctypes.c_uint32),
+        ("out_ok", ctypes.c_uint32),
+        ("ret", ctypes.c_uint64),
+        ("out", ctypes.c_uint64),
+    ]
+
+
+class OpenRec(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("time_ns", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("path", ctypes.c_char * PATH_LEN),
     ]

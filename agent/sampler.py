@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiflame.agent.records import Counter, ProcRec, PyProcRec, RecKind, SampleRec
+from aiflame.agent.records import CallRec, Counter, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RecKind, RetRec, SampleRec
+from aiflame.agent.uprobes import Uprobe, attach_uprobe
 from aiflame.raw import RawPyFrame, RawSample
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
+PROBES_SOURCE = BPF_DIR / "runtime_probes.bpf.c"
 
 
 class SamplerError(Exception):
@@ -29,6 +31,7 @@ class SamplerConfig:
     all_processes: bool = False
     ringbuf_pages: int = 2048  # 8 MiB: ~4000 samples of slack between drains
     max_targets: int = 16384
+    probes: bool = False  # build the runtime probes (uprobes on CUDA, NCCL, gloo, Level Zero calls)
 
     def cflags(self) -> list[str]:
         flags = [
@@ -52,22 +55,99 @@ class ProcEvent:
     comm: str
 
 
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """A probed call's entry as the BPF program saw it (raw registers; agent/runtimes names them)."""
+
+    probe: int
+    time_ns: int
+    pid: int
+    tid: int
+    args: tuple[int, ...]  # rdi rsi rdx rcx r8 r9, sp, return address
+    derefs: tuple[int | None, ...]  # None: the read failed
+    string: bytes | None  # None: not asked for, or the read failed
+    user: tuple[int, ...]  # leaf first
+    user_err: int
+    py: tuple[RawPyFrame, ...]
+    py_flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetRecord:
+    probe: int
+    time_ns: int
+    pid: int
+    tid: int
+    ret: int
+    out: int | None  # the value the call wrote at its out-pointer argument
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRecord:
+    """A target opened a shared library and is stopped (SIGSTOP) until the agent continues it."""
+
+    time_ns: int
+    pid: int
+    tid: int
+    path: bytes
+
+
+ProbeRecord = CallRecord | RetRecord | OpenRecord
+
+
+def program_text(config: SamplerConfig) -> str:
+    """The source handed to BCC: the sampler, plus the runtime probes when asked for."""
+    text = SOURCE.read_text()
+    if config.probes:
+        text += "\n" + PROBES_SOURCE.read_text()
+    return text
+
+
 def bpf_source(config: SamplerConfig) -> str:
     """The program text as BCC compiles it, with the defines spelled out (for --print-bpf)."""
     defines = "".join(
         "#define " + f[2:].replace("=", " ", 1) + "\n" for f in config.cflags() if f.startswith("-D")
     )
     header = (BPF_DIR / "aiflame.h").read_text()
-    return defines + SOURCE.read_text().replace('#include "aiflame.h"', header)
+    return defines + program_text(config).replace('#include "aiflame.h"', header)
 
 
 _HEAD = struct.Struct("<IIQIIii16sII")  # sample_rec up to data[]
 _P_HEAD = struct.Struct("<IIQII16s")
+_C_HEAD = struct.Struct("<IIQIIIi8Q4QIIIi128s")  # call_rec up to data[]
+_R_REC = struct.Struct("<IIQIIIIQQ")
+_O_HEAD = struct.Struct("<IIQII")
 assert _HEAD.size == SampleRec.data.offset and _P_HEAD.size == ctypes.sizeof(ProcRec)
+assert _C_HEAD.size == CallRec.data.offset and _R_REC.size == ctypes.sizeof(RetRec)
+assert _O_HEAD.size == OpenRec.path.offset
 
 
-def decode_record(buf: bytes) -> RawSample | ProcEvent | None:
-    """Turn one ring-buffer record into a RawSample or ProcEvent (None for an unknown kind)."""
+def _py_frames(data: tuple[int, ...], base: int, count: int) -> tuple[RawPyFrame, ...]:
+    count = min(count, (len(data) - base) // 2)
+    return tuple(
+        RawPyFrame(data[base + 2 * i], data[base + 2 * i + 1] & 0xFFFFFFFF, (data[base + 2 * i + 1] >> 32) & 0xFF,
+                   (data[base + 2 * i + 1] >> 40) & 0xFF)
+        for i in range(count)
+    )
+
+
+def _decode_call(buf: bytes) -> CallRecord:
+    f = _C_HEAD.unpack_from(buf)
+    _, _cpu, t, pid, tid, probe, ulen = f[:7]
+    args, derefs = f[7:15], f[15:19]
+    deref_ok, py_count, py_flags, str_len, raw_str = f[19:24]
+    words = (len(buf) - _C_HEAD.size) // 8
+    data = struct.unpack_from(f"<{words}Q", buf, _C_HEAD.size) if words > 0 else ()
+    nu = min(max(ulen, 0) // 8, len(data))
+    string = raw_str[:max(str_len - 1, 0)] if str_len > 0 else None
+    return CallRecord(
+        probe, t, pid, tid, tuple(args), tuple(d if deref_ok >> i & 1 else None for i, d in enumerate(derefs)),
+        string, tuple(data[:nu]), min(ulen, 0), _py_frames(data, nu, py_count), py_flags,
+    )
+
+
+def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
+    """Turn one ring-buffer record into its Python form (None for an unknown kind)."""
     kind = int.from_bytes(buf[:4], "little")
     if kind == RecKind.SAMPLE:
         _, cpu, t, pid, tid, ulen, klen, comm, py_count, py_flags = _HEAD.unpack_from(buf)
@@ -75,13 +155,7 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | None:
         data = struct.unpack_from(f"<{words}Q", buf, _HEAD.size) if words > 0 else ()
         nu = min(max(ulen, 0) // 8, len(data))
         nk = min(max(klen, 0) // 8, len(data) - nu)
-        npy = min(py_count, (len(data) - nu - nk) // 2)
-        base = nu + nk
-        py = tuple(
-            RawPyFrame(data[base + 2 * i], data[base + 2 * i + 1] & 0xFFFFFFFF, (data[base + 2 * i + 1] >> 32) & 0xFF,
-                       (data[base + 2 * i + 1] >> 40) & 0xFF)
-            for i in range(npy)
-        )
+        py = _py_frames(data, nu + nk, py_count)
         return RawSample(
             t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), tuple(data[:nu]),
             tuple(data[nu:nu + nk]), min(ulen, 0), min(klen, 0), 1, py, py_flags,
@@ -89,6 +163,14 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | None:
     if kind in (RecKind.FORK, RecKind.EXEC, RecKind.EXIT):
         _, _cpu, t, pid, child, comm = _P_HEAD.unpack_from(buf)
         return ProcEvent(RecKind(kind), t, pid, child, comm.split(b"\0", 1)[0].decode(errors="replace"))
+    if kind == RecKind.CALL:
+        return _decode_call(buf)
+    if kind == RecKind.RET:
+        _, _cpu, t, pid, tid, probe, out_ok, ret, out = _R_REC.unpack_from(buf)
+        return RetRecord(probe, t, pid, tid, ret, out if out_ok else None)
+    if kind == RecKind.OPEN:
+        _, _cpu, t, pid, tid = _O_HEAD.unpack_from(buf)
+        return OpenRecord(t, pid, tid, buf[_O_HEAD.size:].split(b"\0", 1)[0])
     return None
 
 
@@ -100,11 +182,15 @@ class CpuSampler:
         config: SamplerConfig,
         on_sample: Callable[[RawSample], None],
         on_proc: Callable[[ProcEvent], None],
+        on_probe: Callable[[ProbeRecord], None] | None = None,
     ) -> None:
         self.config = config
         self._on_sample = on_sample
         self._on_proc = on_proc
+        self._on_probe = on_probe
         self._bpf: Any = None
+        self._uprobes: list[Uprobe] = []
+        self._prog_fds: dict[bool, int] = {}
         self.event_used = ""
 
     def start(self, pids: list[int]) -> None:
@@ -113,7 +199,10 @@ class CpuSampler:
         except ImportError:
             raise SamplerError("BCC is not importable: run `make setup` (Debian's python3-bpfcc)") from None
         try:
-            self._bpf = BPF(text=SOURCE.read_text(), cflags=self.config.cflags())
+            self._bpf = BPF(text=program_text(self.config), cflags=self.config.cflags())
+            if self.config.probes:
+                self._prog_fds = {ret: self._bpf.load_func("on_ret" if ret else "on_call", BPF.KPROBE).fd
+                                  for ret in (False, True)}
         except Exception as e:  # BCC raises bare Exception for compile/load failures
             raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         for pid in pids:
@@ -139,8 +228,10 @@ class CpuSampler:
         rec = decode_record(ctypes.string_at(data, size))
         if isinstance(rec, RawSample):
             self._on_sample(rec)
-        elif rec is not None:
+        elif isinstance(rec, ProcEvent):
             self._on_proc(rec)
+        elif rec is not None and self._on_probe is not None:
+            self._on_probe(rec)
 
     def add_target(self, pid: int) -> None:
         t = self._bpf["targets"]
@@ -172,6 +263,26 @@ class CpuSampler:
         """Drain everything in the ring buffer now (no waiting)."""
         self._bpf.ring_buffer_consume()
 
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until a record that asks for a wakeup arrives (a library open) or `timeout_s` passes, then
+        drain. Samples and calls never wake us: they wait for the caller's timer."""
+        self._bpf.ring_buffer_poll(max(int(timeout_s * 1000), 0))
+
+    # --- runtime probes -------------------------------------------------------------------------------------
+
+    def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
+        t = self._bpf["probe_specs"]
+        t[t.Key(probe)] = t.Leaf.from_buffer_copy(bytes(spec))
+
+    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None:
+        """Probe `path` at file offset `offset` in every process; the program keeps target pids only."""
+        self._uprobes.append(attach_uprobe(self._prog_fds[ret], path, offset, probe, ret=ret))
+
+    def mark_library_seen(self, path_hash: int) -> None:
+        """Opens of this path (FNV-1a of its bytes, as the target passed them) no longer stop targets."""
+        t = self._bpf["libs_seen"]
+        t[t.Key(path_hash)] = t.Leaf(1)
+
     def counters(self) -> dict[str, int]:
         table = self._bpf["counters"]
         out = {}
@@ -179,11 +290,18 @@ class CpuSampler:
             out[c.name.lower()] = int(sum(table[table.Key(c.value)]))
         return out
 
-    def layouts(self) -> tuple[Any, Any, Any]:
-        """BCC's ctypes views of struct sample_rec and struct proc_rec, read from the compiled C."""
-        return self._bpf["layout_sample"].Leaf, self._bpf["layout_proc"].Leaf, self._bpf["layout_py_proc"].Leaf
+    def layouts(self) -> dict[str, Any]:
+        """BCC's ctypes views of the record structs, read from the compiled C, by struct name."""
+        names = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_proc": "layout_py_proc"}
+        if self.config.probes:
+            names |= {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_rec": "layout_open",
+                      "probe_spec": "layout_spec"}
+        return {struct_name: self._bpf[table].Leaf for struct_name, table in names.items()}
 
     def close(self) -> None:
+        for u in self._uprobes:
+            u.close()
+        self._uprobes.clear()
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None

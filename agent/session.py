@@ -21,7 +21,9 @@ from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.procmaps import BuildIdCache, read_process
 from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.records import RecKind
-from aiflame.agent.sampler import CpuSampler, ProcEvent, SamplerConfig
+from aiflame.agent.runtimes import all_runtimes
+from aiflame.agent.runtimes.manager import ProbeManager
+from aiflame.agent.sampler import CpuSampler, ProbeRecord, ProcEvent, SamplerConfig
 from aiflame.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawSample
 from aiflame.symbolize.kallsyms import KernelSymbols
 
@@ -36,6 +38,7 @@ class SessionError(Exception):
 @dataclass
 class SessionStats:
     samples: int = 0
+    events: int = 0
     elapsed_s: float = 0.0
     pids: int = 0
     counters: dict[str, int] = field(default_factory=dict)
@@ -118,6 +121,7 @@ class _Launcher:
         os.close(gate_r)
         os.close(err_w)
         self.pid = pid
+        self.exe = exe
         self._gate, self._err = gate_w, err_r
         self.exit_code: int | None = None
 
@@ -185,6 +189,7 @@ class SessionConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     prefix: str = "profile"
     argv: list[str] = field(default_factory=list)
+    runtimes: bool = True  # probe accelerator runtimes (CUDA, NCCL, gloo, Level Zero) in the targets
 
 
 class Session:
@@ -207,6 +212,7 @@ class Session:
         self._build_ids = BuildIdCache()
         self.python = PythonPlugin()
         self._sampler: CpuSampler | None = None
+        self.probes: ProbeManager | None = None
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
@@ -222,7 +228,9 @@ class Session:
         sampler_cfg = cfg.sampler
         if launcher:
             sampler_cfg = SamplerConfig(**{**sampler_cfg.__dict__, "follow_children": True})
-        sampler = CpuSampler(sampler_cfg, self._pending.append, self._procs.append)
+        if cfg.runtimes:
+            sampler_cfg = SamplerConfig(**{**sampler_cfg.__dict__, "probes": True})
+        sampler = CpuSampler(sampler_cfg, self._pending.append, self._procs.append, self._on_probe)
         root_pid = launcher.pid if launcher else cfg.pid
         assert root_pid is not None
         try:
@@ -232,10 +240,16 @@ class Session:
                 if launcher:
                     launcher.abort()
                 raise
+            if cfg.runtimes:
+                self.probes = ProbeManager(all_runtimes(), sampler)
+                if launcher:
+                    self.probes.consider(launcher.exe)  # static cudart in the program itself
             if not launcher and not _alive(root_pid):
                 raise SessionError(f"process {root_pid} exited before the sampler attached")
             return self._capture(sampler, launcher, root_pid)
         finally:
+            if self.probes:
+                self.probes.finish()  # never leave a target stopped
             sampler.close()
             self.python.close()
             for s, h in old.items():
@@ -258,7 +272,10 @@ class Session:
         cpu0, t0 = _cpu_s(), time.monotonic()
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
         while not self._stop_reason:
-            time.sleep(POLL_S)
+            tick = time.monotonic() + POLL_S
+            # Library opens wake us at once (their process waits, stopped, for its probes).
+            while not self._stop_reason and (left := tick - time.monotonic()) > 0:
+                sampler.wait(left)
             self._drain(sampler, writer)
             now = time.monotonic()
             self.stats.elapsed_s = now - t0
@@ -271,9 +288,15 @@ class Session:
             elif not launcher and not _alive(root_pid):
                 self._stop_reason = "target exited"
         self._drain(sampler, writer)
+        if self.probes:
+            self.probes.finish()
+            self._write_probe_output(writer)
         agent_cpu = _cpu_s() - cpu0
         writer.add_kernel_symbols(self._kernel_symbols())
         self.stats.counters = sampler.counters()
+        if self.probes:
+            self.stats.counters["calls"] = self.probes.calls_seen
+            self.stats.counters["returns_lost"] = self.probes.returns_lost
         writer.close(CaptureFooter(
             time.time_ns(), _mono_ns(), 0, dict(self.stats.counters), self._stop_reason, agent_cpu,
         ))
@@ -282,7 +305,21 @@ class Session:
             if self._stop_reason in ("interrupted", "terminated"):
                 launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
-        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, list(self.python.warnings))
+        warnings = list(self.python.warnings) + (self.probes.warnings if self.probes else [])
+        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings)
+
+    def _on_probe(self, rec: ProbeRecord) -> None:
+        if self.probes:
+            self.probes.on_record(rec)
+
+    def _write_probe_output(self, writer: CaptureWriter) -> None:
+        if not self.probes:
+            return
+        events, code = self.probes.take()
+        writer.add_events(events)
+        self.stats.events += len(events)
+        for c in code:
+            writer.add_gpu_code(c)
 
     def _snapshot(self, pid: int, writer: CaptureWriter) -> None:
         snap = read_process(pid, _mono_ns(), self._build_ids, self._exec_seq.get(pid, 0))
@@ -292,6 +329,8 @@ class Session:
         self._snaps[pid] = snap
         self._known[pid] = set()
         writer.add_process(snap)
+        if self.probes:
+            self.probes.consider_process(pid, [m.path for m in snap.mappings])
         self.stats.pids = len(self._snaps)
         self._attach_python(pid, writer)
 
@@ -314,10 +353,13 @@ class Session:
                 self._exec_seq[ev.pid] = self._exec_seq.get(ev.pid, 0) + 1
                 sampler.clear_python(ev.pid)
                 self.python.forget(ev.pid)
+                if self.probes:
+                    self.probes.forget(ev.pid)
                 self._snapshot(ev.pid, writer)
             elif ev.kind == RecKind.EXIT and ev.pid != self.cfg.pid:
                 sampler.remove_target(ev.pid)
         self._procs.clear()
+        self._write_probe_output(writer)
         if not self._pending:
             writer.flush()
             return

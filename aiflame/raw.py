@@ -94,6 +94,44 @@ class PyRuntimeInfo:
 
 
 @dataclass(slots=True)
+class RawEvent:
+    """One runtime call seen by a uprobe (a launch, copy, sync, collective...), arguments already named.
+
+    `kind` is an aiflame.model.EventKind value, or "meta" for calls that only inform others (registrations,
+    communicator creation). `args` may hold "func" (a host address naming a kernel, symbolized at export),
+    "rank" and "world_size" (the process's place in a job). Stacks are leaf first, like samples.
+    """
+
+    runtime: str
+    call: str
+    kind: str
+    pid: int
+    tid: int
+    start_ns: int  # CLOCK_MONOTONIC
+    end_ns: int = 0  # 0: no return probe, or the call had not returned when the capture ended
+    user: tuple[int, ...] = ()
+    user_err: int = 0
+    py: tuple[RawPyFrame, ...] = ()
+    py_flags: int = 0
+    args: dict[str, int] = field(default_factory=dict)
+    strs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCode:
+    """An accelerator code object (cubin, PTX, zebin) kept by content digest, so exports work offline.
+
+    `data` is empty when the same digest was stored earlier in the capture; `origin` says where it was found
+    (a host binary's path, or "memory of pid N")."""
+
+    digest: str
+    kind: str  # "cubin", "ptx", "zebin", "fatbin"
+    arch: int
+    origin: str
+    data: bytes
+
+
+@dataclass(slots=True)
 class CaptureHeader:
     format_version: int
     aiflame_version: str = ""
@@ -129,4 +167,6 @@ class Capture:
     kernel_symbols: dict[int, str] = field(default_factory=dict)
     py_codes: list[PyCode] = field(default_factory=list)
     py_runtimes: list[PyRuntimeInfo] = field(default_factory=list)
+    events: list[RawEvent] = field(default_factory=list)
+    gpu_code: list[GpuCode] = field(default_factory=list)
     footer: CaptureFooter | None = None

@@ -14,6 +14,9 @@ enum aiflame_rec_kind {
     REC_FORK = 2,
     REC_EXEC = 3,
     REC_EXIT = 4,
+    REC_CALL = 5,   /* a probed runtime call entered (call_rec) */
+    REC_RET = 6,    /* a probed runtime call returned (ret_rec) */
+    REC_OPEN = 7,   /* a target opened a shared library; it is stopped until the agent has probed it */
 };
 
 /* Counters kept per CPU; the agent sums them and reports each one. */
@@ -26,7 +29,9 @@ enum aiflame_counter {
     CNT_TARGETS_FULL = 5, /* a child could not be followed: target map full */
     CNT_PY_TRUNCATED = 6, /* Python stack deeper than AIFLAME_MAX_PY_FRAMES */
     CNT_PY_READ_ERR = 7,  /* a Python frame could not be read (page not resident, torn state) */
-    CNT_MAX = 8,
+    CNT_CALL_LOST = 8,    /* runtime call or return records dropped: ring buffer full */
+    CNT_OPEN_LOST = 9,    /* library-open records dropped (the target was not stopped) */
+    CNT_MAX = 10,
 };
 
 /* py_flags of a sample */
@@ -86,6 +91,68 @@ struct proc_rec {
     __u32 pid;         /* the process (fork: the parent's tgid) */
     __u32 child;       /* fork: the new task's id; otherwise 0 */
     char comm[AIFLAME_COMM_LEN];
+};
+
+
+/* Runtime probes (bpf/runtime_probes.bpf.c). A probe's arguments are the sources 0-5 (rdi, rsi, rdx, rcx, r8,
+ * r9), 6 (the stack pointer at entry) and 7 (the return address, read at sp); 8-11 are the results of earlier
+ * derefs of the same probe, so pointer chains can be followed. */
+#define AIFLAME_MAX_PROBES 256
+#define AIFLAME_PROBE_ARGS 8
+#define AIFLAME_PROBE_DEREFS 4
+#define AIFLAME_CALL_STR 128
+#define AIFLAME_PATH_LEN 256
+
+#define PROBE_STACK 1   /* capture the caller's user and Python stack */
+#define PROBE_STR 2     /* read a NUL-terminated string at source str_src */
+#define PROBE_OUT 4     /* at return, read the u64 the call wrote at its entry argument out_arg */
+
+struct probe_spec {
+    __u32 flags;       /* PROBE_* */
+    __s16 src[AIFLAME_PROBE_DEREFS];   /* deref i reads 8 bytes at (source src[i]) + off[i]; -1 = unused */
+    __s32 off[AIFLAME_PROBE_DEREFS];
+    __s16 str_src;
+    __s16 out_arg;
+};
+
+/* Header, then user_len/8 user addresses (leaf first) and py_count Python frames (2 words each) in data[]. */
+struct call_rec {
+    __u32 kind;        /* REC_CALL */
+    __u32 cpu;
+    __u64 time_ns;
+    __u32 pid;
+    __u32 tid;
+    __u32 probe;       /* index into the agent's probe list */
+    __s32 user_len;    /* bytes of user addresses in data[], or a negative errno; 0 without PROBE_STACK */
+    __u64 args[AIFLAME_PROBE_ARGS];
+    __u64 deref[AIFLAME_PROBE_DEREFS];
+    __u32 deref_ok;    /* bit i: deref i succeeded */
+    __u32 py_count;
+    __u32 py_flags;
+    __s32 str_len;     /* bytes read incl. NUL, or a negative errno (the agent reads /proc/PID/mem then) */
+    char str[AIFLAME_CALL_STR];
+    __u64 data[AIFLAME_SAMPLE_WORDS];
+};
+
+struct ret_rec {
+    __u32 kind;        /* REC_RET */
+    __u32 cpu;
+    __u64 time_ns;
+    __u32 pid;
+    __u32 tid;
+    __u32 probe;
+    __u32 out_ok;      /* the out value could be read */
+    __u64 ret;         /* rax */
+    __u64 out;
+};
+
+struct open_rec {
+    __u32 kind;        /* REC_OPEN */
+    __u32 cpu;
+    __u64 time_ns;
+    __u32 pid;
+    __u32 tid;
+    char path[AIFLAME_PATH_LEN];
 };
 
 #endif

@@ -7,6 +7,10 @@
  *   AIFLAME_MAX_TARGETS    capacity of the target map
  *   AIFLAME_FOLLOW         follow forks of targets (profile -- CMD)
  *   AIFLAME_ALL            sample every process (no target filter)
+ *
+ * With runtime probes on, agent/sampler.py appends bpf/runtime_probes.bpf.c to this file (one program text:
+ * BCC rewrites map calls and tracepoint arguments only in its main source), so the probes share the target
+ * map, the Python walker and the ring buffer.
  */
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
@@ -94,37 +98,42 @@ static __always_inline u64 find_tstate(struct py_proc *pp, u32 tid) {
     return 0;
 }
 
-/* Walk the sampled thread's Python frames, newest first. Every frame is kept; user space drops shims. */
-static __always_inline void put_word(struct sample_rec *rec, u32 idx, u64 v) {
+/* Walk the thread's Python frames, newest first, into data[base...]. Every frame is kept; user space drops
+ * shims. Shared by the sampler and the runtime probes (whose launch stacks get Python frames too). */
+static __always_inline void put_word(u64 *data, u32 idx, u64 v) {
     if (idx < AIFLAME_SAMPLE_WORDS)
-        rec->data[idx] = v;
+        data[idx] = v;
 }
 
-static __always_inline void walk_python(struct sample_rec *rec, u32 tgid, u32 tid, u32 base) {
-    rec->py_count = 0;
-    rec->py_flags = 0;
+static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags, u32 tgid, u32 tid, u32 base) {
+    *py_count = 0;
+    *py_flags = 0;
     struct py_proc *pp = py_procs.lookup(&tgid);
     if (!pp)
         return;
-    rec->py_flags = PY_PRESENT;
+    u32 flags = PY_PRESENT;
     u64 ts = find_tstate(pp, tid);
-    if (!ts)
+    if (!ts) {
+        *py_flags = flags;
         return;
-    rec->py_flags |= PY_TSTATE;
+    }
+    flags |= PY_TSTATE;
     u64 frame = read_ptr(ts + pp->tstate_frame);
     if (pp->cframe_current_frame >= 0 && frame)
         frame = read_ptr(frame + pp->cframe_current_frame);
     u32 zero = 0;
     struct py_buf *buf = py_scratch.lookup(&zero);
-    if (!buf)
+    if (!buf) {
+        *py_flags = flags;
         return;
+    }
     u32 size = pp->frame_read & 127;
     u32 n = 0;
     for (int i = 0; i < AIFLAME_MAX_PY_FRAMES; i++) {
         if (!frame)
             break;
         if (bpf_probe_read_user(buf->b, size, (void *)frame) != 0) {
-            rec->py_flags |= PY_READ_ERR;
+            flags |= PY_READ_ERR;
             break;
         }
         u64 code = field64(buf, pp->frame_code);
@@ -137,22 +146,23 @@ static __always_inline void walk_python(struct sample_rec *rec, u32 tgid, u32 ti
             instr |= (field64(buf, pp->frame_owner) & 0xff) << 32;
         if (pp->frame_is_entry >= 0)
             instr |= (field64(buf, pp->frame_is_entry) & 0xff) << 40;
-        put_word(rec, base + 2 * i, code);
-        put_word(rec, base + 2 * i + 1, instr);
+        put_word(data, base + 2 * i, code);
+        put_word(data, base + 2 * i + 1, instr);
         n = i + 1;
         if (!code) {
-            rec->py_flags |= PY_READ_ERR;
+            flags |= PY_READ_ERR;
             break;
         }
         frame = field64(buf, pp->frame_back);
     }
-    rec->py_count = n;
+    *py_count = n;
     if (frame && n == AIFLAME_MAX_PY_FRAMES) {
-        rec->py_flags |= PY_TRUNCATED;
+        flags |= PY_TRUNCATED;
         count(CNT_PY_TRUNCATED);
     }
-    if (rec->py_flags & PY_READ_ERR)
+    if (flags & PY_READ_ERR)
         count(CNT_PY_READ_ERR);
+    *py_flags = flags;
 }
 
 int on_sample(struct bpf_perf_event_data *ctx) {
@@ -184,7 +194,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
     u32 nk = rec->kern_len > 0 ? (u32)rec->kern_len / 8 : 0;
     if (nk > AIFLAME_MAX_STACK)
         nk = AIFLAME_MAX_STACK;
-    walk_python(rec, tgid, (u32)id, nu + nk);
+    walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu + nk);
     u32 words = nu + nk + 2 * rec->py_count;
     if (words > AIFLAME_SAMPLE_WORDS)
         words = AIFLAME_SAMPLE_WORDS;
@@ -242,3 +252,4 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     emit_proc(REC_EXIT, tgid, 0);
     return 0;
 }
+

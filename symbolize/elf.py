@@ -404,6 +404,29 @@ class ElfFile:
                 return s.vaddr + (off - s.offset)
         return None
 
+    def vaddr_to_file_offset(self, vaddr: int) -> int | None:
+        """File offset of link-time address `vaddr` (where a uprobe on it goes)."""
+        for s in self.segments:
+            if s.type == _PT_LOAD and s.vaddr <= vaddr < s.vaddr + s.filesz:
+                return s.offset + (vaddr - s.vaddr)
+        return None
+
+    def function_addresses(self, names: set[str]) -> dict[str, int]:
+        """Link-time address of each of `names` that is a defined function in .symtab or .dynsym.
+
+        Unlike functions(), aliases are kept: every name that is asked for and present is found."""
+        out: dict[str, int] = {}
+        for sec in self.sections:
+            if sec.type not in (_SHT_SYMTAB, _SHT_DYNSYM):
+                continue
+            try:
+                for value, _size, _rank, name in self._read_function_symbols(sec):
+                    if name in names:
+                        out.setdefault(name, value)
+            except SymbolizeError:
+                continue
+        return out
+
     def debug_layout_vaddr(self, off: int) -> int | None:
         """Best guess of `file_offset_to_vaddr` for a debug-only file (objcopy --only-keep-debug).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from aiflame.agent.records import ProcRec, PyProcRec, SampleRec
+from aiflame.agent.records import CallRec, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RetRec, SampleRec
 from aiflame.agent.sampler import CpuSampler, SamplerConfig, bpf_source
 
 
@@ -15,16 +15,16 @@ def _layout(t: Any) -> list[tuple[str, int, int]]:
 
 
 def test_c_and_python_layouts_agree() -> None:
-    sampler = CpuSampler(SamplerConfig(), lambda s: None, lambda e: None)
+    sampler = CpuSampler(SamplerConfig(probes=True), lambda s: None, lambda e: None)
     sampler.start([])
+    mirrors = {"sample_rec": SampleRec, "proc_rec": ProcRec, "py_proc": PyProcRec, "call_rec": CallRec,
+               "ret_rec": RetRec, "open_rec": OpenRec, "probe_spec": ProbeSpecRec}
     try:
-        c_sample, c_proc, c_py = sampler.layouts()
-        assert _layout(c_py) == _layout(PyProcRec)
-        assert ctypes.sizeof(c_py) == ctypes.sizeof(PyProcRec)
-        assert _layout(c_sample) == _layout(SampleRec)
-        assert _layout(c_proc) == _layout(ProcRec)
-        assert ctypes.sizeof(c_sample) == ctypes.sizeof(SampleRec)
-        assert ctypes.sizeof(c_proc) == ctypes.sizeof(ProcRec)
+        layouts = sampler.layouts()
+        assert layouts.keys() == mirrors.keys()
+        for name, mirror in mirrors.items():
+            assert _layout(layouts[name]) == _layout(mirror), name
+            assert ctypes.sizeof(layouts[name]) == ctypes.sizeof(mirror), name
     finally:
         sampler.close()
 

@@ -1,0 +1,158 @@
+"""What a runtime plug-in is: the calls it probes (ProbeSpec), and how it turns a probed call into a RawEvent.
+
+A probe reads raw values only (bpf/runtime_probes.bpf.c): argument registers, up to four pointer reads, one
+string, and for return probes the return value and a value written through an out-pointer argument. Sources
+are numbered: ARG0-ARG5 are the integer argument registers, SP the stack pointer at entry (stack arguments sit
+at SP+8, SP+16...), RET_ADDR the caller's return address, DEREF0-DEREF3 the results of earlier reads.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from aiflame.raw import GpuCode, RawEvent, RawPyFrame
+
+ARG0, ARG1, ARG2, ARG3, ARG4, ARG5, SP, RET_ADDR = range(8)
+DEREF0, DEREF1, DEREF2, DEREF3 = range(8, 12)
+MAX_DEREFS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Deref:
+    """Read 8 bytes at (source) + offset."""
+
+    src: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    """One probed function. The first of `symbols` present in a library is probed (aliases, versions)."""
+
+    symbols: tuple[str, ...]
+    call: str  # the name events carry, e.g. "cudaLaunchKernel"
+    ret: bool = False  # also probe the return: end time, return value, `out_arg`
+    stack: bool = True  # record the caller's user and Python stack
+    derefs: tuple[Deref, ...] = ()
+    string: int = -1  # a source holding a char* to read (-1: none)
+    out_arg: int = -1  # an argument pointing where the call writes a result (a handle), read at return
+
+    def __post_init__(self) -> None:
+        if len(self.derefs) > MAX_DEREFS:
+            raise ValueError(f"{self.call}: at most {MAX_DEREFS} derefs")
+        if self.out_arg >= 0 and not self.ret:
+            raise ValueError(f"{self.call}: out_arg needs a return probe")
+
+
+@dataclass(slots=True)
+class Call:
+    """A probed call as the plug-in sees it: the entry record, and the return when there was one."""
+
+    spec: ProbeSpec
+    pid: int
+    tid: int
+    start_ns: int
+    args: tuple[int, ...]  # indexed by ARG0..RET_ADDR
+    derefs: tuple[int | None, ...]  # None: the read failed
+    string: bytes | None
+    user: tuple[int, ...] = ()
+    user_err: int = 0
+    py: tuple[RawPyFrame, ...] = ()
+    py_flags: int = 0
+    parent: str = ""  # the probed call (with a return probe) this one ran inside, on the same thread
+    end_ns: int = 0
+    ret: int | None = None
+    out: int | None = None
+
+    def arg(self, i: int, bits: int = 64, signed: bool = False) -> int:
+        """Argument register `i` cut to `bits` (int arguments leave garbage in the upper half)."""
+        v = self.args[i] & ((1 << bits) - 1)
+        if signed and v >> (bits - 1):
+            v -= 1 << bits
+        return v
+
+    def deref(self, i: int, bits: int = 64) -> int | None:
+        v = self.derefs[i]
+        return None if v is None else v & ((1 << bits) - 1)
+
+    def event(self, runtime: str, kind: str, call: str = "", **args: int) -> RawEvent:
+        """A RawEvent for this call with the caller's stack; `args` are the named arguments."""
+        return RawEvent(runtime, call or self.spec.call, kind, self.pid, self.tid, self.start_ns, self.end_ns,
+                        self.user, self.user_err, self.py, self.py_flags, dict(args))
+
+
+class ProcessMemory:
+    """Reads a live process's memory through /proc/PID/mem (what BPF could not read: pages not yet resident)."""
+
+    def read(self, pid: int, addr: int, size: int) -> bytes | None:
+        if addr <= 0 or size <= 0:
+            return None
+        try:
+            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            data = os.pread(fd, size, addr)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return data if len(data) == size else None
+
+    def read_u64(self, pid: int, addr: int) -> int | None:
+        data = self.read(pid, addr, 8)
+        return None if data is None else int.from_bytes(data, "little")
+
+    def read_cstr(self, pid: int, addr: int, limit: int = 4096) -> str | None:
+        out = b""
+        while len(out) < limit:
+            chunk = self.read(pid, addr + len(out), min(256, limit - len(out)))
+            if chunk is None:
+                # a string can end right before an unmapped page: retry byte-wise
+                chunk = self.read(pid, addr + len(out), 1)
+                if chunk is None:
+                    return None
+            nul = chunk.find(b"\0")
+            if nul >= 0:
+                return (out + chunk[:nul]).decode("utf-8", "replace")
+            out += chunk
+        return out.decode("utf-8", "replace")
+
+
+@dataclass
+class Library:
+    """A shared object or executable a target maps; plug-ins decide from its name and sections."""
+
+    path: str
+    sections: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def basename(self) -> str:
+        return os.path.basename(self.path)
+
+
+class Runtime(abc.ABC):
+    """A runtime plug-in. Subclasses set `name`, list `specs`, and implement `wants` and `decode`.
+
+    Instances keep per-process state (handles seen, ranks) and are used by one capture."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def specs(self) -> list[ProbeSpec]:
+        """Every call this runtime may probe (those absent from a library are skipped)."""
+
+    @abc.abstractmethod
+    def wants(self, lib: Library) -> bool:
+        """Is `lib` one of this runtime's libraries? Cheap: name and section names only."""
+
+    @abc.abstractmethod
+    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+        """The events of one call (none, one, or several), and code objects it loaded. Called once the call
+        returned, or when the capture ends before it did (end_ns 0); nested calls finish before their parent."""
+
+    def forget(self, pid: int) -> None:
+        """The process exited or exec'd: drop its state."""

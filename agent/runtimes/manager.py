@@ -1,0 +1,249 @@
+"""Runs the runtime plug-ins in a capture: finds their libraries, attaches their probes before first use, pairs
+call and return records, and hands finished calls to the plug-in that decodes them into events."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiflame.agent.records import ProbeFlag, ProbeSpecRec
+from aiflame.agent.runtimes.base import Call, Library, ProcessMemory, ProbeSpec, Runtime
+from aiflame.agent.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
+from aiflame.agent.uprobes import UprobeError
+from aiflame.raw import GpuCode, RawEvent
+from aiflame.symbolize.elf import ElfFile
+from aiflame.symbolize.errors import SymbolizeError
+
+MAX_PENDING_PER_THREAD = 64  # open calls per thread kept for pairing (deeper nesting is a lost return)
+
+
+def fnv1a(data: bytes) -> int:
+    """The path hash bpf/runtime_probes.bpf.c computes for library opens."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def spec_rec(spec: ProbeSpec) -> ProbeSpecRec:
+    rec = ProbeSpecRec()
+    flags = ProbeFlag.STACK if spec.stack else ProbeFlag(0)
+    for i in range(4):
+        rec.src[i] = -1
+    for i, d in enumerate(spec.derefs):
+        rec.src[i] = d.src
+        rec.off[i] = d.offset
+    if spec.string >= 0:
+        flags |= ProbeFlag.STR
+        rec.str_src = spec.string
+    if spec.out_arg >= 0:
+        flags |= ProbeFlag.OUT
+        rec.out_arg = spec.out_arg
+    rec.flags = int(flags)
+    return rec
+
+
+class ProbeTarget:
+    """What the manager needs from the sampler (a protocol, so tests can stand in for BPF)."""
+
+    def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None: ...
+    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None: ...
+    def mark_library_seen(self, path_hash: int) -> None: ...
+
+
+@dataclass
+class Attached:
+    """The probes placed in one library file."""
+
+    path: str
+    runtime: str
+    calls: list[str] = field(default_factory=list)
+
+
+class ProbeManager:
+    """Owns the plug-ins of one capture. Feed it every probe record (`on_record`) and every new mapping
+    (`consider_process`); take its output with `take()`."""
+
+    def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: ProcessMemory | None = None) -> None:
+        self.runtimes = runtimes
+        self._bpf = bpf
+        self.mem = mem or ProcessMemory()
+        self._specs: list[tuple[Runtime, ProbeSpec]] = []
+        for rt in runtimes:
+            for spec in rt.specs():
+                self._specs.append((rt, spec))
+        self._owner = {id(spec): rt for rt, spec in self._specs}
+        for probe, (_, spec) in enumerate(self._specs):
+            bpf.set_probe_spec(probe, spec_rec(spec))
+        self._files: dict[tuple[int, int], Attached | None] = {}  # (dev, inode) -> probes placed
+        self._open: dict[int, list[Call]] = {}  # tid -> calls entered with a return probe, not yet returned
+        self._events: list[RawEvent] = []
+        self._code: list[GpuCode] = []
+        self._stopped: set[int] = set()
+        self.attached: list[Attached] = []
+        self.warnings: list[str] = []
+        self.calls_seen = 0
+        self.returns_lost = 0
+
+    # --- libraries --------------------------------------------------------------------------------------------
+
+    def consider(self, path: str, pid: int | None = None) -> Attached | None:
+        """Probe `path` for every plug-in that wants it (once per file). `pid` resolves relative paths."""
+        real = path
+        if pid is not None and not path.startswith("/"):
+            real = os.path.join(f"/proc/{pid}/cwd", path)
+        try:
+            st = os.stat(real)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino)
+        if key in self._files:
+            return self._files[key]
+        self._files[key] = None
+        try:
+            elf = ElfFile.open(real)
+        except (OSError, SymbolizeError):
+            return None
+        try:
+            return self._attach_file(elf, path, key)
+        finally:
+            elf.close()
+
+    def _attach_file(self, elf: ElfFile, path: str, key: tuple[int, int]) -> Attached | None:
+        lib = Library(path, frozenset(s.name for s in elf.sections))
+        wanted = [(probe, rt, spec) for probe, (rt, spec) in enumerate(self._specs) if rt.wants(lib)]
+        if not wanted:
+            return None
+        names = {s for _, _, spec in wanted for s in spec.symbols}
+        addrs = elf.function_addresses(names)
+        done: Attached | None = None
+        for probe, rt, spec in wanted:
+            sym = next((s for s in spec.symbols if s in addrs), None)
+            if sym is None:
+                continue
+            offset = elf.vaddr_to_file_offset(addrs[sym])
+            if offset is None:
+                continue
+            try:
+                self._bpf.attach_probe(elf.path, offset, probe)
+                if spec.ret:
+                    self._bpf.attach_probe(elf.path, offset, probe, ret=True)
+            except UprobeError as e:
+                self.warnings.append(str(e))
+                continue
+            if done is None:
+                done = Attached(path, rt.name)
+                self.attached.append(done)
+            done.calls.append(spec.call)
+        self._files[key] = done
+        return done
+
+    def consider_process(self, pid: int, paths: list[str]) -> None:
+        """A process's mapped files (at attach, fork, exec, or a new snapshot)."""
+        for p in paths:
+            if p.startswith("/"):
+                root = f"/proc/{pid}/root{p}"
+                self.consider(root if os.path.exists(root) else p)
+
+    def _on_open(self, rec: OpenRecord) -> None:
+        try:
+            self.consider(os.fsdecode(rec.path), rec.pid)
+            self._bpf.mark_library_seen(fnv1a(rec.path))
+        finally:
+            self._continue(rec.pid)
+
+    def _continue(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self._stopped.discard(pid)
+
+    # --- calls ------------------------------------------------------------------------------------------------
+
+    def on_record(self, rec: ProbeRecord) -> None:
+        if isinstance(rec, OpenRecord):
+            self._stopped.add(rec.pid)
+            self._on_open(rec)
+        elif isinstance(rec, CallRecord):
+            self._on_call(rec)
+        else:
+            self._on_ret(rec)
+
+    def _on_call(self, rec: CallRecord) -> None:
+        if rec.probe >= len(self._specs):
+            return
+        rt, spec = self._specs[rec.probe]
+        self.calls_seen += 1
+        user = rec.user
+        # At entry the caller has not pushed a frame yet: its return address is at sp, not on the frame chain.
+        ret_addr = rec.args[7]
+        if spec.stack and user and ret_addr and (len(user) < 2 or user[1] != ret_addr):
+            user = (user[0], ret_addr, *user[1:])
+        stack = self._open.setdefault(rec.tid, [])
+        call = Call(spec, rec.pid, rec.tid, rec.time_ns, rec.args, rec.derefs, rec.string, user, rec.user_err,
+                    rec.py, rec.py_flags, parent=stack[-1].spec.call if stack else "")
+        if spec.ret:
+            if len(stack) >= MAX_PENDING_PER_THREAD:
+                self.returns_lost += 1
+                self._finish(stack.pop(0))
+            stack.append(call)
+        else:
+            self._finish(call)
+
+    def _on_ret(self, rec: RetRecord) -> None:
+        stack = self._open.get(rec.tid)
+        if not stack or rec.probe >= len(self._specs):
+            return
+        spec = self._specs[rec.probe][1]
+        # The innermost open call of this probe returned (calls deeper than it lost their returns).
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i].spec is spec:
+                call = stack.pop(i)
+                for orphan in stack[i:]:
+                    self.returns_lost += 1
+                    self._finish(orphan)
+                del stack[i:]
+                call.end_ns, call.ret, call.out = rec.time_ns, rec.ret, rec.out
+                self._finish(call)
+                return
+
+    def _finish(self, call: Call) -> None:
+        rt = self._owner[id(call.spec)]
+        try:
+            out = rt.decode(call, self.mem)
+        except Exception as e:  # a plug-in bug must not stop the capture
+            self.warnings.append(f"{rt.name}: cannot decode {call.spec.call}: {e}")
+            return
+        for item in out:
+            if isinstance(item, GpuCode):
+                self._code.append(item)
+            else:
+                self._events.append(item)
+
+    def forget(self, pid: int) -> None:
+        for rt in self.runtimes:
+            rt.forget(pid)
+
+    def take(self) -> tuple[list[RawEvent], list[GpuCode]]:
+        """Events and code objects decoded since the last call."""
+        ev, code = self._events, self._code
+        self._events, self._code = [], []
+        return ev, code
+
+    def finish(self) -> None:
+        """The capture ends: calls still open are decoded without an end, stopped targets continue."""
+        for stack in self._open.values():
+            for call in stack:
+                self._finish(call)
+        self._open.clear()
+        for pid in list(self._stopped):
+            self._continue(pid)
+
+    def probed_files(self) -> list[Attached]:
+        return list(self.attached)
+
+
+OnEvents = Callable[[list[RawEvent]], None]

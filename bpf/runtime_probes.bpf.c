@@ -1,0 +1,179 @@
+/* Runtime probes: uprobes on accelerator runtime calls (CUDA, NCCL, gloo, Level Zero...). agent/sampler.py
+ * appends this file to cpu_sampler.bpf.c, so calls share its target map, Python walker and ring buffer.
+ *
+ * Every probe runs the same code with its own spec (probe_specs[id], filled by the agent): raw argument
+ * registers, up to four pointer reads, an optional string, the caller's stack. Return probes add the time and
+ * return value, and optionally a value the call wrote through an out-pointer argument (a handle). User space
+ * names and decodes the arguments; nothing here knows a runtime.
+ *
+ * Libraries a target opens after the start are probed before their first call: the openat of a path that
+ * looks like a shared object stops the process (SIGSTOP), the agent attaches and continues it (SIGCONT).
+ */
+
+BPF_ARRAY(probe_specs, struct probe_spec, AIFLAME_MAX_PROBES);
+BPF_PERCPU_ARRAY(call_scratch, struct call_rec, 1);
+/* (tid << 32 | probe) -> the out-pointer argument of a call in flight */
+BPF_HASH(call_outs, u64, u64, 16384);
+/* FNV-1a hashes of library paths the agent has already handled: their opens do not stop the target */
+BPF_HASH(libs_seen, u64, u8, 65536);
+BPF_ARRAY(layout_call, struct call_rec, 1);
+BPF_ARRAY(layout_ret, struct ret_rec, 1);
+BPF_ARRAY(layout_open, struct open_rec, 1);
+BPF_ARRAY(layout_spec, struct probe_spec, 1);
+
+static __always_inline u64 probe_source(struct call_rec *rec, s16 src) {
+    if (src < 8)
+        return rec->args[src & 7];
+    return rec->deref[(src - 8) & 3];
+}
+
+/* The probe id is the attach cookie the agent gave this uprobe (agent/uprobes.py attaches with one). */
+int on_call(struct pt_regs *ctx) {
+    u32 probe = (u32)bpf_get_attach_cookie(ctx);
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!is_target(tgid))
+        return 0;
+    struct probe_spec *spec = probe_specs.lookup(&probe);
+    u32 zero = 0;
+    struct call_rec *rec = call_scratch.lookup(&zero);
+    if (!spec || !rec)
+        return 0;
+    rec->kind = REC_CALL;
+    rec->cpu = bpf_get_smp_processor_id();
+    rec->time_ns = bpf_ktime_get_ns();
+    rec->pid = tgid;
+    rec->tid = (u32)id;
+    rec->probe = probe;
+    rec->args[0] = ctx->di;
+    rec->args[1] = ctx->si;
+    rec->args[2] = ctx->dx;
+    rec->args[3] = ctx->cx;
+    rec->args[4] = ctx->r8;
+    rec->args[5] = ctx->r9;
+    rec->args[6] = ctx->sp;
+    rec->args[7] = read_ptr(ctx->sp);
+    rec->deref_ok = 0;
+#pragma unroll
+    for (int i = 0; i < AIFLAME_PROBE_DEREFS; i++) {
+        rec->deref[i] = 0;
+        s16 src = spec->src[i];
+        if (src < 0)
+            continue;
+        u64 addr = probe_source(rec, src) + (s64)spec->off[i];
+        if (bpf_probe_read_user(&rec->deref[i], 8, (void *)addr) == 0)
+            rec->deref_ok |= 1u << i;
+        else
+            rec->deref[i] = 0;
+    }
+    rec->str_len = 0;
+    if (spec->flags & PROBE_STR) {
+        u64 addr = probe_source(rec, spec->str_src);
+        rec->str_len = bpf_probe_read_user_str(rec->str, sizeof(rec->str), (void *)addr);
+    }
+    u32 words = 0;
+    rec->user_len = 0;
+    rec->py_count = 0;
+    rec->py_flags = 0;
+    if (spec->flags & PROBE_STACK) {
+        rec->user_len = bpf_get_stack(ctx, rec->data, AIFLAME_MAX_STACK * 8, BPF_F_USER_STACK);
+        if (rec->user_len < 0)
+            count(CNT_USTACK_ERR);
+        u32 nu = rec->user_len > 0 ? (u32)rec->user_len / 8 : 0;
+        if (nu > AIFLAME_MAX_STACK)
+            nu = AIFLAME_MAX_STACK;
+        walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu);
+        words = nu + 2 * rec->py_count;
+    }
+    if (spec->flags & PROBE_OUT) {
+        u64 key = (id << 32) | probe;
+        u64 ptr = rec->args[spec->out_arg & 7];
+        call_outs.update(&key, &ptr);
+    }
+    if (words > AIFLAME_SAMPLE_WORDS)
+        words = AIFLAME_SAMPLE_WORDS;
+    u64 size = offsetof(struct call_rec, data) + (u64)words * 8;
+    if (size > sizeof(struct call_rec))
+        size = sizeof(struct call_rec);
+    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
+        count(CNT_CALL_LOST);
+    return 0;
+}
+
+int on_ret(struct pt_regs *ctx) {
+    u32 probe = (u32)bpf_get_attach_cookie(ctx);
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!is_target(tgid))
+        return 0;
+    struct ret_rec *rec = events.ringbuf_reserve(sizeof(struct ret_rec));
+    if (!rec) {
+        count(CNT_CALL_LOST);
+        return 0;
+    }
+    rec->kind = REC_RET;
+    rec->cpu = bpf_get_smp_processor_id();
+    rec->time_ns = bpf_ktime_get_ns();
+    rec->pid = tgid;
+    rec->tid = (u32)id;
+    rec->probe = probe;
+    rec->ret = ctx->ax;
+    rec->out = 0;
+    rec->out_ok = 0;
+    u64 key = (id << 32) | probe;
+    u64 *ptr = call_outs.lookup(&key);
+    if (ptr) {
+        if (bpf_probe_read_user(&rec->out, 8, (void *)*ptr) == 0)
+            rec->out_ok = 1;
+        call_outs.delete(&key);
+    }
+    events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+/* One pass over a path: its FNV-1a hash, and whether it names a shared object ("x.so" or "x.so.N"; ld.so.cache
+ * and .py files do not match). */
+static __always_inline u64 library_hash(const char *p, int *is_so) {
+    u64 h = 0xcbf29ce484222325ULL;
+    *is_so = 0;
+    for (int i = 0; i < AIFLAME_PATH_LEN - 4; i++) {
+        char c = p[i];
+        if (c == 0)
+            break;
+        if (c == '.' && p[i + 1] == 's' && p[i + 2] == 'o' && (p[i + 3] == 0 || p[i + 3] == '.'))
+            *is_so = 1;
+        h = (h ^ (u8)c) * 0x100000001b3ULL;
+    }
+    return h;
+}
+
+BPF_PERCPU_ARRAY(open_scratch, struct open_rec, 1);
+
+TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
+    const char *filename = args->filename;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!is_target(tgid))
+        return 0;
+    u32 zero = 0;
+    struct open_rec *rec = open_scratch.lookup(&zero);
+    if (!rec)
+        return 0;
+    if (bpf_probe_read_user_str(rec->path, sizeof(rec->path), filename) <= 0)
+        return 0;
+    int is_so = 0;
+    u64 h = library_hash(rec->path, &is_so);
+    if (!is_so || libs_seen.lookup(&h))
+        return 0;
+    rec->kind = REC_OPEN;
+    rec->cpu = bpf_get_smp_processor_id();
+    rec->time_ns = bpf_ktime_get_ns();
+    rec->pid = tgid;
+    rec->tid = (u32)id;
+    if (events.ringbuf_output(rec, sizeof(*rec), BPF_RB_FORCE_WAKEUP) != 0) {
+        count(CNT_OPEN_LOST);
+        return 0;
+    }
+    bpf_send_signal(19); /* SIGSTOP: delivered on the way back to user space, before the library is mapped */
+    return 0;
+}
