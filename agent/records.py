@@ -37,6 +37,7 @@ class ProbeFlag(enum.IntFlag):
     STACK = 1
     STR = 2
     OUT = 4
+    STOP = 8
 
 
 class Counter(enum.IntEnum):

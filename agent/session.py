@@ -213,6 +213,7 @@ class Session:
         self.python = PythonPlugin()
         self._sampler: CpuSampler | None = None
         self.probes: ProbeManager | None = None
+        self._writer: CaptureWriter | None = None
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
@@ -241,7 +242,7 @@ class Session:
                     launcher.abort()
                 raise
             if cfg.runtimes:
-                self.probes = ProbeManager(all_runtimes(), sampler)
+                self.probes = ProbeManager(all_runtimes(), sampler, on_stop=self._on_target_stop)
                 if launcher:
                     self.probes.consider(launcher.exe)  # static cudart in the program itself
             if not launcher and not _alive(root_pid):
@@ -264,6 +265,7 @@ class Session:
             " ".join(cfg.command) if cfg.command else f"pid {cfg.pid}",
         )
         writer = CaptureWriter(path, header)
+        self._writer = writer
         self._sampler = sampler
         if launcher:
             launcher.release()
@@ -308,6 +310,15 @@ class Session:
         warnings = list(self.python.warnings) + (self.probes.warnings if self.probes else [])
         return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings)
 
+    def _on_target_stop(self, pid: int) -> None:
+        """A target waits, stopped, at a library open or at exit: read its mappings now if they changed."""
+        if self._writer is None:
+            return
+        snap = self._snaps.get(pid)
+        if snap is not None and _maps_unchanged(pid, snap):
+            return
+        self._snapshot(pid, self._writer)
+
     def _on_probe(self, rec: ProbeRecord) -> None:
         if self.probes:
             self.probes.on_record(rec)
@@ -316,6 +327,11 @@ class Session:
         if not self.probes:
             return
         events, code = self.probes.take()
+        for e in events:  # stacks of calls into libraries mapped after the last snapshot need a new one
+            snap = self._snaps.get(e.pid)
+            if snap is not None and any(snap.find(a) is None for a in e.user[:2]):
+                if time.monotonic() - self._remap_at.get(e.pid, 0.0) >= REMAP_MIN_S / 5:
+                    self._snapshot(e.pid, writer)
         writer.add_events(events)
         self.stats.events += len(events)
         for c in code:
@@ -324,8 +340,8 @@ class Session:
     def _snapshot(self, pid: int, writer: CaptureWriter) -> None:
         snap = read_process(pid, _mono_ns(), self._build_ids, self._exec_seq.get(pid, 0))
         self._remap_at[pid] = time.monotonic()
-        if snap is None:
-            return
+        if snap is None or (not snap.mappings and pid in self._snaps):
+            return  # gone (a zombie's maps are empty): keep what was read while it lived
         self._snaps[pid] = snap
         self._known[pid] = set()
         writer.add_process(snap)
@@ -403,6 +419,26 @@ class Session:
             if name:
                 out[a] = name
         return out
+
+
+def _maps_unchanged(pid: int, snap: ProcessSnapshot) -> bool:
+    """True when every executable mapping of `pid` is already in `snap` (cheap: no build ids read)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            text = f.read()
+    except OSError:
+        return True
+    known = {(m.start, m.end) for m in snap.mappings}
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) >= 2 and "x" in parts[1]:
+            lo, _, hi = parts[0].partition("-")
+            try:
+                if (int(lo, 16), int(hi, 16)) not in known:
+                    return False
+            except ValueError:
+                continue
+    return True
 
 
 def _is_thread(tid: int) -> bool:

@@ -106,6 +106,7 @@ struct proc_rec {
 #define PROBE_STACK 1   /* capture the caller's user and Python stack */
 #define PROBE_STR 2     /* read a NUL-terminated string at source str_src */
 #define PROBE_OUT 4     /* at return, read the u64 the call wrote at its entry argument out_arg */
+#define PROBE_STOP 8    /* stop the process (SIGSTOP) and wake the agent, which continues it (e.g. at exit()) */
 
 struct probe_spec {
     __u32 flags;       /* PROBE_* */

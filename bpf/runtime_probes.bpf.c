@@ -95,6 +95,14 @@ int on_call(struct pt_regs *ctx) {
     u64 size = offsetof(struct call_rec, data) + (u64)words * 8;
     if (size > sizeof(struct call_rec))
         size = sizeof(struct call_rec);
+    if (spec->flags & PROBE_STOP) {
+        /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it */
+        if (events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP) != 0)
+            count(CNT_CALL_LOST);
+        else
+            bpf_send_signal(19);
+        return 0;
+    }
     if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
         count(CNT_CALL_LOST);
     return 0;

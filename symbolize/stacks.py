@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from aiflame.model import Frame, FrameKind, Profile, Sample, Stack
 from aiflame.raw import Capture, Mapping, ProcessSnapshot, PyCode, RawPyFrame, RawSample
+from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.python_code import CodeInfo, line_for
 from aiflame.symbolize.python_merge import merge, python_runs
@@ -75,11 +76,19 @@ def symbolize_capture(
         by_pid[snap.pid].append(snap)
     index = {pid: _ProcessIndex(snaps) for pid, snaps in by_pid.items()}
 
+    # Runtime events get their stacks the same way: each becomes a pseudo-sample (and so does the host
+    # address naming its kernel, as a one-frame stack).
+    event_raws = [RawSample(e.start_ns, e.pid, e.tid, -1, "", e.user, (), e.user_err, 1, e.py, e.py_flags)
+                  for e in cap.events]
+    func_raws = [RawSample(e.start_ns, e.pid, e.tid, -1, "", (e.args["func"],), ())
+                 for e in cap.events if e.args.get("func")]
+    raws = [*cap.samples, *event_raws, *func_raws]
+
     # Pass 1: which file offsets does each module need?  Return addresses (all but the leaf) point after
     # the call; look up addr - 1 so the frame names the calling function and line.
     located: dict[tuple[int, int, int, bool], tuple[Mapping, int] | None] = {}
     wanted: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for s in cap.samples:
+    for s in raws:
         idx = index.get(s.pid)
         for depth, addr in enumerate(s.user):
             key = (s.pid, addr, s.time_ns if idx and len(idx.snaps) > 1 else 0, depth == 0)
@@ -102,7 +111,12 @@ def symbolize_capture(
                                          "frequency_hz": str(cap.header.frequency_hz)})
     pynames = _PythonNames(cap)
     kcache: dict[int, Frame] = {}
-    for s in cap.samples:
+    event_stacks: list[Stack] = []
+    for n, s in enumerate(raws):
+        if n >= len(cap.samples) + len(event_raws):
+            idx = index.get(s.pid)
+            event_stacks.append(tuple(_user_frames(s, idx, located, names)))
+            continue
         idx = index.get(s.pid)
         frames: list[Frame] = []
         if opts.group in ("process", "thread"):
@@ -124,7 +138,12 @@ def symbolize_capture(
                     kcache[addr] = f
                 frames.append(f)
         stack: Stack = tuple(frames)
-        prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
+        if n < len(cap.samples):
+            prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
+        else:
+            event_stacks.append(stack)
+    n_ev = len(event_raws)
+    prof.events = trace_events(cap, event_stacks[:n_ev], [st[-1] if st else None for st in event_stacks[n_ev:]])
     if cap.footer:
         for k, v in cap.footer.counters.items():
             prof.counters[k] = prof.counters.get(k, 0) + v

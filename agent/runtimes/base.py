@@ -39,6 +39,7 @@ class ProbeSpec:
     derefs: tuple[Deref, ...] = ()
     string: int = -1  # a source holding a char* to read (-1: none)
     out_arg: int = -1  # an argument pointing where the call writes a result (a handle), read at return
+    stop: bool = False  # stop the process at entry until the agent has looked at it (see ProbeManager)
 
     def __post_init__(self) -> None:
         if len(self.derefs) > MAX_DEREFS:

@@ -7,6 +7,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from aiflame.agent.records import ProbeFlag, ProbeSpecRec
 from aiflame.agent.runtimes.base import Call, Library, ProcessMemory, ProbeSpec, Runtime
@@ -41,6 +42,8 @@ def spec_rec(spec: ProbeSpec) -> ProbeSpecRec:
     if spec.out_arg >= 0:
         flags |= ProbeFlag.OUT
         rec.out_arg = spec.out_arg
+    if spec.stop:
+        flags |= ProbeFlag.STOP
     rec.flags = int(flags)
     return rec
 
@@ -62,12 +65,32 @@ class Attached:
     calls: list[str] = field(default_factory=list)
 
 
+class ProcessExit(Runtime):
+    """Stops a target in libc's exit() so the agent reads its mappings before they vanish: a short-lived
+    program's libraries may have been mapped after its last snapshot."""
+
+    name: ClassVar[str] = "process"
+
+    def specs(self) -> list[ProbeSpec]:
+        return [ProbeSpec(("exit",), "exit", stack=False, stop=True)]
+
+    def wants(self, lib: Library) -> bool:
+        return lib.basename.startswith("libc.so")
+
+    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+        return []
+
+
 class ProbeManager:
     """Owns the plug-ins of one capture. Feed it every probe record (`on_record`) and every new mapping
-    (`consider_process`); take its output with `take()`."""
+    (`consider_process`); take its output with `take()`. `on_stop(pid)` runs while a target is stopped (at a
+    library open or exit), before it continues: the session re-reads its mappings there."""
 
-    def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: ProcessMemory | None = None) -> None:
+    def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: ProcessMemory | None = None,
+                 on_stop: Callable[[int], None] | None = None) -> None:
+        runtimes = [*runtimes, ProcessExit()]
         self.runtimes = runtimes
+        self._on_stop = on_stop
         self._bpf = bpf
         self.mem = mem or ProcessMemory()
         self._specs: list[tuple[Runtime, ProbeSpec]] = []
@@ -151,6 +174,8 @@ class ProbeManager:
         try:
             self.consider(os.fsdecode(rec.path), rec.pid)
             self._bpf.mark_library_seen(fnv1a(rec.path))
+            if self._on_stop:
+                self._on_stop(rec.pid)  # the libraries opened before this one are mapped by now
         finally:
             self._continue(rec.pid)
 
@@ -168,6 +193,15 @@ class ProbeManager:
             self._stopped.add(rec.pid)
             self._on_open(rec)
         elif isinstance(rec, CallRecord):
+            if rec.probe < len(self._specs) and self._specs[rec.probe][1].stop:
+                self._stopped.add(rec.pid)
+                try:
+                    self._on_call(rec)
+                    if self._on_stop:
+                        self._on_stop(rec.pid)
+                finally:
+                    self._continue(rec.pid)
+                return
             self._on_call(rec)
         else:
             self._on_ret(rec)

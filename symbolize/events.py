@@ -1,0 +1,77 @@
+"""Runtime events of a capture as model TraceEvents: named (kernels by their host stub or registered name),
+placed on a rank, with the launching thread's symbolized stack. Also the launch view: a profile whose samples
+are kernel launches, `<CPU stack> ; - ; <kernel>`."""
+
+from __future__ import annotations
+
+from aiflame.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
+from aiflame.raw import Capture, RawEvent
+from aiflame.symbolize.demangle import demangle, short_name
+
+_KINDS = {k.value: k for k in EventKind}
+
+
+def ranks(cap: Capture) -> dict[int, tuple[int, int]]:
+    """pid -> (rank, world size), from the first event of the pid that says both."""
+    out: dict[int, tuple[int, int]] = {}
+    for e in cap.events:
+        if e.pid not in out and "rank" in e.args and e.args.get("world_size", 0) > 0:
+            out[e.pid] = (e.args["rank"], e.args["world_size"])
+    return out
+
+
+def _registered_names(cap: Capture) -> dict[tuple[int, int], str]:
+    """(pid, host stub) -> device function name, from kernel registrations."""
+    return {(e.pid, e.args["func"]): e.strs["name"] for e in cap.events
+            if e.kind == "meta" and "func" in e.args and "name" in e.strs}
+
+
+def _demangled(name: str) -> str:
+    return short_name(demangle([name]).get(name, name))
+
+
+def _kernel_name(e: RawEvent, func_frame: Frame | None, registered: dict[tuple[int, int], str]) -> str:
+    if "name" in e.strs:
+        return _demangled(e.strs["name"])
+    if func_frame is not None and not func_frame.is_unknown:
+        return func_frame.name
+    reg = registered.get((e.pid, e.args.get("func", 0)))
+    if reg:
+        return _demangled(reg)
+    func = e.args.get("func") or e.args.get("function") or 0
+    return f"[kernel {func:#x}]"
+
+
+def trace_events(cap: Capture, stacks: list[Stack], func_frames: list[Frame | None]) -> list[TraceEvent]:
+    """TraceEvents for the capture's non-meta events. `stacks[i]` is the symbolized stack of cap.events[i];
+    `func_frames` names each event with a "func" address, in order."""
+    registered = _registered_names(cap)
+    pid_ranks = ranks(cap)
+    out: list[TraceEvent] = []
+    funcs = iter(func_frames)
+    for i, e in enumerate(cap.events):
+        func_frame = next(funcs, None) if e.args.get("func") else None
+        if e.kind == "meta":
+            continue
+        kind = _KINDS.get(e.kind, EventKind.OTHER)
+        name = _kernel_name(e, func_frame, registered) if kind == EventKind.COMPUTE else e.strs.get("name", e.call)
+        rank = e.args.get("rank", pid_ranks.get(e.pid, (-1, 0))[0])
+        args: dict[str, int | float | str] = {"runtime": e.runtime, "call": e.call}
+        args.update(e.args)
+        args.update(e.strs)
+        out.append(TraceEvent(
+            name, kind, e.start_ns, max(e.end_ns - e.start_ns, 0) if e.end_ns else 0, e.pid, e.tid, rank,
+            stack=stacks[i] if i < len(stacks) else (), args=args, event_id=i + 1,
+        ))
+    return out
+
+
+def launch_profile(prof: Profile) -> Profile:
+    """One sample per kernel launch: the launching stack, a separator, the kernel (unit: launches)."""
+    out = Profile(unit="launches", meta=dict(prof.meta), counters={})
+    for ev in prof.events:
+        if ev.kind != EventKind.COMPUTE:
+            continue
+        kernel = Frame(ev.name, FrameKind.ACCEL_SOURCE, module=str(ev.args.get("runtime", "")))
+        out.samples.append(Sample((*ev.stack, SEPARATOR, kernel), 1, ev.pid, ev.tid, time_ns=ev.start_ns))
+    return out
