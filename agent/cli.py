@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,8 +19,9 @@ from aiflame.agent.session import Session, SessionConfig, SessionError, SessionS
 from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
 from aiflame.exporters.base import ExportError
 from aiflame.exporters.folded import parse_folded
-from aiflame.model import Profile
+from aiflame.model import EventKind, Profile
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.events import launch_profile
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
@@ -63,6 +65,9 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
                    help="Python frames merged into native stacks (default), Python frames only, or native only")
     g.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
                    help="extra directory of separate debug files (DIR/.build-id/xx/yyyy.debug); repeatable")
+    g.add_argument("--view", choices=("cpu", "launches"), default="cpu",
+                   help="cpu: CPU samples (default); launches: accelerator kernel launches, "
+                        "<CPU stack> ; - ; <kernel>, weighted by launch count")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--title", help="flame graph title")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress line or summary")
     out.add_argument("--print-bpf", action="store_true", help="print the BPF program as compiled and exit")
+    rt = p.add_argument_group("accelerator runtimes")
+    rt.add_argument("--no-runtimes", action="store_true",
+                    help="do not probe CUDA, NCCL, gloo or Level Zero calls (CPU sampling only)")
     _add_view_options(p)
 
     e = sub.add_parser("export", help="re-export a saved capture in another format")
@@ -133,7 +141,12 @@ def _load_profile(path: Path, args: argparse.Namespace) -> Profile:
         raise CaptureError(f"{path}: {e.strerror}") from None
     if head == MAGIC or args.cmd == "export":
         native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
-        return symbolize_capture(read_capture(path), native, options=_view(args))
+        prof = symbolize_capture(read_capture(path), native, options=_view(args))
+        if args.view == "launches":
+            if not any(e.kind == EventKind.COMPUTE for e in prof.events):
+                raise CaptureError(f"{path}: no kernel launches in this capture (the launch view is empty)")
+            return launch_profile(prof)
+        return prof
     try:
         text = path.read_text()
     except UnicodeDecodeError:
@@ -145,7 +158,8 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command))
+    sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command),
+                            probes=not args.no_runtimes)
     if args.print_bpf:
         print(bpf_source(sampler))
         return 0
@@ -159,7 +173,7 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
             return _fail(console, f"unknown format {f!r} (known: {', '.join(REGISTRY)})", 2)
     out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
     cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
-                        sampler=sampler, argv=["aiflame", *argv])
+                        sampler=sampler, argv=["aiflame", *argv], runtimes=not args.no_runtimes)
     err = Console(stderr=True)
     progress = _Progress(err, quiet=args.quiet)
     with progress:
@@ -167,20 +181,29 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
     prof = symbolize_capture(read_capture(result.capture), native, options=_view(args))
     written = [result.capture]
-    for name in formats:
-        options: dict[str, object] = {}
-        if name == "svg":
-            options["title"] = args.title or f"aiflame: {cfg.command and ' '.join(cfg.command) or f'pid {args.pid}'}"
-            options["subtitle"] = (f"{prof.total_weight} samples at {args.frequency} Hz, "
-                                   f"{result.stats.elapsed_s:.1f} s, {result.stop_reason}")
-        exporter = get_exporter(name, **options)
-        path = out_dir / f"{cfg.prefix}{exporter.extension}"
-        exporter.write(prof, path)
-        written.append(path)
+    target = cfg.command and " ".join(cfg.command) or f"pid {args.pid}"
+    views = [(cfg.prefix, prof, f"{prof.total_weight} samples at {args.frequency} Hz")]
+    launches = launch_profile(prof)
+    if launches.samples:  # the launch view: which CPU stacks launched which kernels
+        views.append(("launches", launches, f"{launches.total_weight} kernel launches"))
+    for prefix, view, what in views:
+        for name in formats:
+            options: dict[str, object] = {}
+            if name == "svg":
+                options["title"] = args.title or f"aiflame: {target}" + (" (launches)" if view is launches else "")
+                options["subtitle"] = f"{what}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"
+            exporter = get_exporter(name, **options)
+            path = out_dir / f"{prefix}{exporter.extension}"
+            exporter.write(view, path)
+            written.append(path)
     if not args.quiet:
         from aiflame.agent.summary import print_summary
 
         print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s)
+        probed = [a for a in result.probed if a.runtime != "process"]
+        if probed:
+            console.print("probed: " + "; ".join(f"{os.path.basename(a.path)} ({a.runtime}, {len(a.calls)} entry points)"
+                                                 for a in probed), highlight=False)
         for w in result.warnings:
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
         console.print(f"stopped: {result.stop_reason} after {result.stats.elapsed_s:.1f} s")

@@ -22,7 +22,7 @@ from aiflame.agent.procmaps import BuildIdCache, read_process
 from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.records import RecKind
 from aiflame.agent.runtimes import all_runtimes
-from aiflame.agent.runtimes.manager import ProbeManager
+from aiflame.agent.runtimes.manager import Attached, ProbeManager
 from aiflame.agent.sampler import CpuSampler, ProbeRecord, ProcEvent, SamplerConfig
 from aiflame.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawSample
 from aiflame.symbolize.kallsyms import KernelSymbols
@@ -56,6 +56,7 @@ class SessionResult:
     agent_cpu_s: float
     exit_code: int | None = None  # of the command, with `-- CMD`
     warnings: list[str] = field(default_factory=list)
+    probed: list[Attached] = field(default_factory=list)  # libraries whose runtime calls were probed
 
 
 def check_root() -> None:
@@ -308,7 +309,8 @@ class Session:
                 launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
         warnings = list(self.python.warnings) + (self.probes.warnings if self.probes else [])
-        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings)
+        probed = self.probes.probed_files() if self.probes else []
+        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings, probed)
 
     def _on_target_stop(self, pid: int) -> None:
         """A target waits, stopped, at a library open or at exit: read its mappings now if they changed."""

@@ -70,3 +70,10 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     console.print(line)
     if py:
         console.print(py)
+    if prof.events:
+        from aiflame.agent.summary_events import print_events
+
+        print_events(console, prof, top=top)
+    if c.get("calls") or c.get("call_lost"):
+        console.print(f"runtime calls probed {c.get('calls', 0)}  lost {c.get('call_lost', 0)}  "
+                      f"returns lost {c.get('returns_lost', 0)}")
