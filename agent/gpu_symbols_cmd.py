@@ -12,7 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.gpu_symbols import GpuSymbolsError, Instruction, Inventory, inventory, lookup_instruction, parse_arch
+from aiflame.symbolize.gpu_symbols import (
+    GpuSymbolsError,
+    Instruction,
+    Inventory,
+    inventory,
+    lookup_instruction,
+    parse_arch,
+)
 
 __all__ = ["add_parser", "run"]
 

@@ -317,9 +317,14 @@ class Session:
         if self._writer is None:
             return
         snap = self._snaps.get(pid)
-        if snap is not None and _maps_unchanged(pid, snap):
-            return
-        self._snapshot(pid, self._writer)
+        if snap is None or not _maps_unchanged(pid, snap):
+            self._snapshot(pid, self._writer)
+        if pid not in self.python.procs:
+            self._attach_python(pid, self._writer, force=True)  # before the calls it is about to make
+        # Python code objects named so far must be read while the process lives (it may be about to exit).
+        self._write_probe_output(self._writer)
+        for code in self.python.codes([s for s in self._pending if s.pid == pid], _mono_ns()):
+            self._writer.add_py_code(code)
 
     def _on_probe(self, rec: ProbeRecord) -> None:
         if self.probes:
@@ -334,6 +339,8 @@ class Session:
             if snap is not None and any(snap.find(a) is None for a in e.user[:2]):
                 if time.monotonic() - self._remap_at.get(e.pid, 0.0) >= REMAP_MIN_S / 5:
                     self._snapshot(e.pid, writer)
+        for code in self.python.codes(events, _mono_ns()):
+            writer.add_py_code(code)
         writer.add_events(events)
         self.stats.events += len(events)
         for c in code:
@@ -352,8 +359,8 @@ class Session:
         self.stats.pids = len(self._snaps)
         self._attach_python(pid, writer)
 
-    def _attach_python(self, pid: int, writer: CaptureWriter) -> None:
-        found = self.python.attach(pid, self._exec_seq.get(pid, 0)) if self._sampler else None
+    def _attach_python(self, pid: int, writer: CaptureWriter, force: bool = False) -> None:
+        found = self.python.attach(pid, self._exec_seq.get(pid, 0), force) if self._sampler else None
         if found and self._sampler:
             target, info = found
             self._sampler.set_python(pid, proc_rec(target))

@@ -70,11 +70,14 @@ def merge(
             prev = i + 1
         out.extend(native[prev:])
         return MergeResult(tuple(out), False, False)
-    # Splice: every Python frame, then what the newest Python frame called into (native frames after the last
-    # evaluator frame; the leaf alone when no evaluator frame unwound).
+    # Splice: every Python frame, then what the newest Python frame called into: the native frames after the
+    # last evaluator frame; when none unwound, those after the last unnamed frame (the unwinder lost its way
+    # there; e.g. a C library called through ctypes unwinds down to libffi), at least the leaf.
     py = [name(f) for run in runs for f in run]
     if evals:
         tail = list(native[evals[-1] + 1:])
     else:
-        tail = list(native[-1:]) if native else []
+        unknown = [i for i, f in enumerate(native) if f.is_unknown]
+        start = unknown[-1] + 1 if unknown else len(native) - 1
+        tail = list(native[min(start, len(native) - 1):]) if native else []
     return MergeResult(tuple(py + tail), not complete, complete)

@@ -78,8 +78,8 @@ def symbolize_capture(
 
     # Runtime events get their stacks the same way: each becomes a pseudo-sample (and so does the host
     # address naming its kernel, as a one-frame stack).
-    event_raws = [RawSample(e.start_ns, e.pid, e.tid, -1, "", e.user, (), e.user_err, 1, e.py, e.py_flags)
-                  for e in cap.events]
+    event_raws = [RawSample(e.start_ns, e.pid, e.tid, -1, "", e.user, (), user_err=e.user_err, py=e.py,
+                            py_flags=e.py_flags) for e in cap.events]
     func_raws = [RawSample(e.start_ns, e.pid, e.tid, -1, "", (e.args["func"],), ())
                  for e in cap.events if e.args.get("func")]
     raws = [*cap.samples, *event_raws, *func_raws]

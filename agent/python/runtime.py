@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiflame.agent.python.detect import PyTarget, PythonUnsupported, detect_python
 from aiflame.agent.python.layouts import PyLayout
 from aiflame.agent.records import PyProcRec
-from aiflame.raw import PyCode, PyRuntimeInfo, RawSample
+from aiflame.raw import PyCode, PyRuntimeInfo, RawEvent, RawSample
 from aiflame.symbolize.python_code import CodeResolver
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class PythonPlugin:
         self.procs: dict[int, PythonProcess] = {}
         self.warnings: list[str] = []
         self._tries: dict[tuple[int, int], tuple[int, float]] = {}  # (pid, exec_seq) -> (attempts, last time)
+        self._absent: set[tuple[int, int]] = set()
 
     RETRIES = 8  # a just-started interpreter fails the live checks until it has initialised
     RETRY_S = 0.25
@@ -64,13 +66,14 @@ class PythonPlugin:
         if old:
             old.resolver.close()
 
-    def attach(self, pid: int, exec_seq: int) -> tuple[PyTarget, PyRuntimeInfo] | None:
-        """Detect CPython in `pid`; None when there is none (yet) or it cannot be walked. Rate-limited."""
-        if pid in self.procs:
+    def attach(self, pid: int, exec_seq: int, force: bool = False) -> tuple[PyTarget, PyRuntimeInfo] | None:
+        """Detect CPython in `pid`; None when there is none (yet) or it cannot be walked. Rate-limited, except
+        with `force` (the target is stopped at a library open: a good moment, and it will not come back)."""
+        if pid in self.procs or (pid, exec_seq) in self._absent:
             return None
         n, last = self._tries.get((pid, exec_seq), (0, 0.0))
         now = time.monotonic()
-        if n >= self.RETRIES or now - last < self.RETRY_S:
+        if not force and (n >= self.RETRIES or now - last < self.RETRY_S):
             return None
         self._tries[(pid, exec_seq)] = (n + 1, now)
         try:
@@ -82,13 +85,13 @@ class PythonPlugin:
         except OSError:
             return None
         if t is None:
-            self._tries[(pid, exec_seq)] = (self.RETRIES, now)  # no CPython in this image
+            self._absent.add((pid, exec_seq))  # no CPython in this image
             return None
         self.procs[pid] = PythonProcess(t, CodeResolver(pid, t.layout))
         v = ".".join(map(str, t.version))
         return t, PyRuntimeInfo(pid, v, t.layout.source, t.binary)
 
-    def codes(self, samples: list[RawSample], time_ns: int) -> list[PyCode]:
+    def codes(self, samples: Sequence[RawSample | RawEvent], time_ns: int) -> list[PyCode]:
         """Code objects named by `samples` that were not yet recorded (or changed at the same address)."""
         out: list[PyCode] = []
         seen: set[tuple[int, int]] = set()  # each code object is re-validated once per drain, not per sample
