@@ -18,13 +18,14 @@ from types import FrameType
 
 from aiflame import __version__
 from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
+from aiflame.agent.gpu_code import launched_cubins
 from aiflame.agent.procmaps import BuildIdCache, read_process
 from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.records import RecKind
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import Attached, ProbeManager
 from aiflame.agent.sampler import CpuSampler, ProbeRecord, ProcEvent, SamplerConfig
-from aiflame.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawSample
+from aiflame.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawEvent, RawSample
 from aiflame.symbolize.kallsyms import KernelSymbols
 
 POLL_S = 0.1
@@ -215,6 +216,9 @@ class Session:
         self._sampler: CpuSampler | None = None
         self.probes: ProbeManager | None = None
         self._writer: CaptureWriter | None = None
+        self._events: list[RawEvent] = []  # kept for the end: which kernels were launched
+        self._memory_fatbins: dict[str, bytes] = {}
+        self._code_warnings: list[str] = []
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
@@ -294,6 +298,9 @@ class Session:
         if self.probes:
             self.probes.finish()
             self._write_probe_output(writer)
+            cubins, self._code_warnings = launched_cubins(self._events, self._memory_fatbins)
+            for c in cubins:
+                writer.add_gpu_code(c)
         agent_cpu = _cpu_s() - cpu0
         writer.add_kernel_symbols(self._kernel_symbols())
         self.stats.counters = sampler.counters()
@@ -308,7 +315,7 @@ class Session:
             if self._stop_reason in ("interrupted", "terminated"):
                 launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
-        warnings = list(self.python.warnings) + (self.probes.warnings if self.probes else [])
+        warnings = list(self.python.warnings) + (self.probes.warnings if self.probes else []) + self._code_warnings
         probed = self.probes.probed_files() if self.probes else []
         return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings, probed)
 
@@ -342,9 +349,12 @@ class Session:
         for code in self.python.codes(events, _mono_ns()):
             writer.add_py_code(code)
         writer.add_events(events)
+        self._events.extend(events)
         self.stats.events += len(events)
         for c in code:
             writer.add_gpu_code(c)
+            if c.kind == "fatbin":
+                self._memory_fatbins[c.digest] = c.data
 
     def _snapshot(self, pid: int, writer: CaptureWriter) -> None:
         snap = read_process(pid, _mono_ns(), self._build_ids, self._exec_seq.get(pid, 0))

@@ -103,6 +103,26 @@ class ProcessMemory:
             os.close(fd)
         return data if len(data) == size else None
 
+    def file_of(self, pid: int, addr: int) -> tuple[str, int] | None:
+        """The file and file offset mapped at `addr` in `pid` (any permissions), None for anonymous memory."""
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or not parts[5].startswith("/"):
+                continue
+            lo, _, hi = parts[0].partition("-")
+            try:
+                start, end, off = int(lo, 16), int(hi, 16), int(parts[2], 16)
+            except ValueError:
+                continue
+            if start <= addr < end:
+                return parts[5].strip().removesuffix(" (deleted)"), addr - start + off
+        return None
+
     def read_u64(self, pid: int, addr: int) -> int | None:
         data = self.read(pid, addr, 8)
         return None if data is None else int.from_bytes(data, "little")

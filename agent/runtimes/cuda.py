@@ -135,8 +135,7 @@ class CudaRuntime(Runtime):
         pid = call.pid
         ret = {} if call.ret is None else {"ret": _signed32(call.ret)}
         if name == "__cudaRegisterFatBinary":
-            return [call.event("cuda", "meta", wrapper=call.arg(ARG0), fatbin=call.deref(0) or 0,
-                               handle=call.ret or 0)]
+            return self._register_fatbin(call, mem)
         if name == "__cudaRegisterFunction":
             ev = call.event("cuda", "meta", handle=call.arg(ARG0), func=call.arg(ARG1))
             kernel = call.string.decode("utf-8", "replace") if call.string else mem.read_cstr(pid, call.arg(ARG3))
@@ -188,6 +187,31 @@ class CudaRuntime(Runtime):
         if name in ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData"):
             return self._module_load(call, mem, ret)
         return []
+
+    def _register_fatbin(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+        """Where the fatbin lives, so its cubins can be read after the process is gone: a file and offset, or
+        (JIT, embedded in anonymous memory) a copy of it."""
+        fatbin = call.deref(0) or 0
+        ev = call.event("cuda", "meta", wrapper=call.arg(ARG0), fatbin=fatbin, handle=call.ret or 0)
+        out: list[RawEvent | GpuCode] = [ev]
+        head = mem.read(call.pid, fatbin, 16)
+        found = code_object_size(head) if head else None
+        if found is None:
+            ev.strs["fatbin_error"] = "unreadable" if head is None else "no fatbin header"
+            return out
+        ev.args["fatbin_size"] = found[1]
+        where = mem.file_of(call.pid, fatbin)
+        if where is not None:
+            ev.strs["fatbin_file"], ev.args["fatbin_file_offset"] = where
+            return out
+        data = mem.read(call.pid, fatbin, found[1]) if found[1] <= MAX_MODULE_BYTES else None
+        if data is None:
+            ev.strs["fatbin_error"] = "unreadable"
+            return out
+        digest = hashlib.sha256(data).hexdigest()
+        ev.strs["digest"] = digest
+        out.append(GpuCode(digest, "fatbin", 0, f"memory of pid {call.pid}", data))
+        return out
 
     def _driver_launch(self, call: Call, ret: dict[str, int]) -> RawEvent:
         fn = call.arg(ARG0)

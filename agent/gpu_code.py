@@ -1,0 +1,97 @@
+"""At the end of a capture, keep the GPU code needed to symbolize it offline: the cubins (every architecture)
+that define a kernel the targets launched, read from the fatbins their registrations pointed at (in a file, or
+copied from memory while the process lived)."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+
+from aiflame.raw import GpuCode, RawEvent
+from aiflame.symbolize.cubin import parse_cubin
+from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.fatbin import iter_entries
+
+MAX_FATBIN_BYTES = 1 << 30
+
+
+def _read_range(path: str, offset: int, size: int) -> bytes | None:
+    if not 0 < size <= MAX_FATBIN_BYTES:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    except OSError:
+        return None
+    return data if len(data) == size else None
+
+
+def launched_cubins(events: Iterable[RawEvent], stored: dict[str, bytes]) -> tuple[list[GpuCode], list[str]]:
+    """Cubins defining launched kernels, and one-line warnings for fatbins that could not be read.
+
+    `stored` holds fatbins already copied from memory, by digest (registration events name them)."""
+    regs: dict[tuple[int, int], RawEvent] = {}  # (pid, fatbin handle) -> registration
+    funcs: dict[tuple[int, int], tuple[int, str]] = {}  # (pid, host stub) -> (fatbin handle, device name)
+    launched: set[tuple[int, int]] = set()
+    launched_names: set[str] = set()
+    for e in events:
+        if e.call == "__cudaRegisterFatBinary" and e.args.get("handle"):
+            regs[(e.pid, e.args["handle"])] = e
+        elif e.call == "__cudaRegisterFunction" and "name" in e.strs:
+            funcs[(e.pid, e.args.get("func", 0))] = (e.args.get("handle", 0), e.strs["name"])
+        elif e.kind == "compute":
+            if e.args.get("func"):
+                launched.add((e.pid, e.args["func"]))
+            if "name" in e.strs:
+                launched_names.add(e.strs["name"])
+    wanted: dict[tuple[int, int], set[str]] = defaultdict(set)  # registration -> kernel names launched from it
+    for pid, func in launched:
+        hit = funcs.get((pid, func))
+        if hit and (pid, hit[0]) in regs:
+            wanted[(pid, hit[0])].add(hit[1])
+    out: list[GpuCode] = []
+    warnings: list[str] = []
+    seen: set[str] = set()
+    done_sources: set[tuple[str, int]] = set()
+    for key, names in wanted.items():
+        reg = regs[key]
+        path = reg.strs.get("fatbin_file")
+        if path:
+            source = (path, reg.args.get("fatbin_file_offset", 0))
+            if source in done_sources:
+                continue
+            done_sources.add(source)
+            data = _read_range(path, source[1], reg.args.get("fatbin_size", 0))
+            origin = path
+        else:
+            data = stored.get(reg.strs.get("digest", ""))
+            origin = f"memory of pid {reg.pid}"
+        if data is None:
+            warnings.append(f"cannot read the fatbin of pid {reg.pid} ({origin}): its kernels stay unsymbolized")
+            continue
+        out.extend(_cubins_with(data, names | launched_names, origin, seen, warnings))
+    return out, warnings
+
+
+def _cubins_with(data: bytes, names: set[str], origin: str, seen: set[str], warnings: list[str]) -> list[GpuCode]:
+    label = os.path.basename(origin) if origin.startswith("/") else origin
+    out: list[GpuCode] = []
+    try:
+        for entry in iter_entries(data, label=label):
+            if entry.kind != "elf" or entry.error or entry.digest in seen:
+                if entry.error:
+                    warnings.append(f"{label}: {entry.error}")
+                continue
+            try:
+                cubin = parse_cubin(entry.data, label=f"{label} sm_{entry.arch}", digest=entry.digest)
+            except SymbolizeError as e:
+                warnings.append(str(e))
+                continue
+            if names & cubin.kernels.keys():
+                seen.add(entry.digest)
+                out.append(GpuCode(entry.digest, "cubin", entry.arch, origin, entry.data))
+    except SymbolizeError as e:
+        warnings.append(str(e))
+    return out
