@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="SVG option, repeatable")
     _add_view_options(r)
 
+    from aiflame.agent import gpu_symbols_cmd
+
+    gpu_symbols_cmd.add_parser(sub)
     sub.add_parser("doctor", help="check what this host supports and what to fix")
     return parser
 
@@ -276,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_export(args, console)
         if args.cmd == "render":
             return cmd_render(args, console)
+        if args.cmd == "gpu-symbols":
+            from aiflame.agent import gpu_symbols_cmd
+
+            return gpu_symbols_cmd.run(args)
         if args.cmd == "doctor":
             from aiflame.agent.doctor import doctor
 

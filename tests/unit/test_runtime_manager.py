@@ -1,0 +1,185 @@
+"""The probe manager without BPF: a fake sampler records what would be attached, and records are fed by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiflame.agent.records import ProbeFlag, ProbeSpecRec
+from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProcessMemory, ProbeSpec, Runtime
+from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
+from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
+from aiflame.agent.sampler import CallRecord, RetRecord
+from aiflame.raw import GpuCode, RawEvent
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+class FakeBpf:
+    def __init__(self) -> None:
+        self.specs: dict[int, ProbeSpecRec] = {}
+        self.attached: list[tuple[str, int, int, bool]] = []
+        self.seen: set[int] = set()
+
+    def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
+        self.specs[probe] = spec
+
+    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None:
+        self.attached.append((path, offset, probe, ret))
+
+    def mark_library_seen(self, path_hash: int) -> None:
+        self.seen.add(path_hash)
+
+
+class Libc(Runtime):
+    """A test runtime probing two libc functions, one with a return probe."""
+
+    name = "libc-test"
+
+    def specs(self) -> list[ProbeSpec]:
+        return [ProbeSpec(("write",), "write", ret=True), ProbeSpec(("no_such_function", "getpid"), "getpid")]
+
+    def wants(self, lib: Library) -> bool:
+        return lib.basename.startswith("libc.so")
+
+    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+        return [call.event("libc-test", "other", bytes=call.arg(2))]
+
+
+def _call(probe: int, tid: int = 7, t: int = 100, args: tuple[int, ...] = (1, 2, 3, 0, 0, 0, 0, 0)) -> CallRecord:
+    return CallRecord(probe, t, 5, tid, args, (None,) * 4, None, (0x1000, 0x2000), 0, (), 0)
+
+
+def test_spec_rec_encodes_derefs_string_out_and_flags() -> None:
+    rec = spec_rec(ProbeSpec(("f",), "f", ret=True, derefs=(Deref(SP, 8), Deref(9, -4)), string=ARG3, out_arg=ARG0))
+    assert rec.flags == ProbeFlag.STACK | ProbeFlag.STR | ProbeFlag.OUT
+    assert list(rec.src) == [SP, 9, -1, -1] and list(rec.off)[:2] == [8, -4]
+    assert (rec.str_src, rec.out_arg) == (ARG3, ARG0)
+
+
+def test_fnv1a_matches_the_bpf_hash() -> None:
+    assert fnv1a(b"") == 0xCBF29CE484222325
+    assert fnv1a(b"a") == 0xAF63DC4C8601EC8C  # FNV-1a 64 test vector
+
+
+def test_attaches_present_symbols_once_per_file(tmp_path: Path) -> None:
+    bpf = FakeBpf()
+    mgr = ProbeManager([Libc()], bpf)
+    assert mgr.consider(LIBC) is not None
+    mgr.consider(LIBC)  # the same file again: nothing new
+    calls = {(probe, ret) for _, _, probe, ret in bpf.attached if bpf.specs[probe].flags != ProbeFlag.STOP}
+    assert calls == {(0, False), (0, True), (1, False)}  # write entry + return, getpid via its second name
+    assert len({off for _, off, _, _ in bpf.attached}) == 3  # write, getpid, exit
+    assert mgr.consider(str(tmp_path / "missing.so")) is None
+
+
+def test_calls_pair_with_returns_per_thread() -> None:
+    mgr = ProbeManager([Libc()], FakeBpf())
+    mgr.on_record(_call(0, tid=7, t=100))
+    mgr.on_record(_call(0, tid=8, t=110))
+    mgr.on_record(_call(1, tid=7, t=120))  # no return probe: finished at once
+    mgr.on_record(RetRecord(0, 200, 5, 7, 3, None))
+    events, _ = mgr.take()
+    assert [(e.call, e.tid, e.start_ns, e.end_ns) for e in events] == [("getpid", 7, 120, 0), ("write", 7, 100, 200)]
+    mgr.finish()  # tid 8 never returned: kept, without an end
+    events, _ = mgr.take()
+    assert [(e.tid, e.end_ns) for e in events] == [(8, 0)]
+
+
+def test_return_address_completes_the_stack() -> None:
+    mgr = ProbeManager([Libc()], FakeBpf())
+    mgr.on_record(_call(1, args=(0, 0, 0, 0, 0, 0, 0x7FF0, 0x1234)))
+    (e,), _ = mgr.take()
+    assert e.user == (0x1000, 0x1234, 0x2000)
+
+
+def test_orphaned_calls_are_kept_and_counted() -> None:
+    mgr = ProbeManager([Libc()], FakeBpf())
+    mgr.on_record(_call(0, t=1))
+    mgr.on_record(_call(0, t=2))  # nested write whose return is lost
+    mgr.on_record(RetRecord(0, 9, 5, 7, 0, None))  # returns the innermost
+    mgr.finish()
+    events, _ = mgr.take()
+    assert sorted((e.start_ns, e.end_ns) for e in events) == [(1, 0), (2, 9)]
+
+
+def _cuda_call(name: str, args: list[int], derefs: tuple[int | None, ...] = (None,) * 4, **kw: object) -> Call:
+    spec = next(s for s in CudaRuntime().specs() if s.symbols[0] == name)
+    full = tuple(args + [0] * (8 - len(args)))
+    return Call(spec, 5, 7, 100, full, derefs, None, end_ns=200, **kw)  # type: ignore[arg-type]
+
+
+def test_cuda_launch_decodes_grid_block_shmem_stream() -> None:
+    rt = CudaRuntime()
+    call = _cuda_call("cudaLaunchKernel", [0x401000, 4 | 2 << 32, 3, 256 | 1 << 32, 1], (128, 0xABC, None, None),
+                      ret=35)
+    (ev,) = rt.decode(call, ProcessMemory())
+    assert isinstance(ev, RawEvent) and ev.kind == "compute"
+    assert {k: ev.args[k] for k in ("func", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shmem",
+                                    "stream", "ret")} == {"func": 0x401000, "grid_x": 4, "grid_y": 2, "grid_z": 3,
+                                                          "block_x": 256, "block_y": 1, "block_z": 1, "shmem": 128,
+                                                          "stream": 0xABC, "ret": 35}
+
+
+def test_cuda_get_kernel_handle_maps_back_to_the_host_stub() -> None:
+    rt = CudaRuntime()
+    rt.decode(_cuda_call("__cudaGetKernel", [0x7000, 0x401000], out=0xDEAD), ProcessMemory())
+    (ev,) = rt.decode(_cuda_call("cudaLaunchKernel", [0xDEAD]), ProcessMemory())
+    assert isinstance(ev, RawEvent) and ev.args["func"] == 0x401000
+
+
+def test_driver_launch_inside_a_runtime_launch_is_not_counted_twice() -> None:
+    rt = CudaRuntime()
+    inner = _cuda_call("cuLaunchKernel", [0x55, 1, 1, 1, 32, 1], parent="cudaLaunchKernel")
+    assert rt.decode(inner, ProcessMemory()) == []
+    alone = _cuda_call("cuLaunchKernel", [0x55, 8, 1, 1, 32, 1], (1, 64, 0x9, None))
+    (ev,) = rt.decode(alone, ProcessMemory())
+    assert isinstance(ev, RawEvent) and (ev.args["grid_x"], ev.args["block_x"], ev.args["shmem"]) == (8, 32, 64)
+
+
+def test_cuda_memcpy_direction_and_bytes() -> None:
+    (ev,) = CudaRuntime().decode(_cuda_call("cudaMemcpy", [0x1, 0x2, 4096, 2]), ProcessMemory())
+    assert isinstance(ev, RawEvent) and (ev.kind, ev.args["bytes"], ev.strs["direction"]) == ("copy", 4096, "DtoH")
+
+
+def test_code_object_size() -> None:
+    fatbin = (0xBA55ED50).to_bytes(4, "little") + (1).to_bytes(2, "little") + (16).to_bytes(2, "little")
+    fatbin += (100).to_bytes(8, "little")
+    assert code_object_size(fatbin) == ("fatbin", 116)
+    elf = bytearray(64)
+    elf[:5] = b"\x7fELF\x02"
+    elf[0x28:0x30] = (1000).to_bytes(8, "little")
+    elf[0x3A:0x3E] = (64).to_bytes(2, "little") + (5).to_bytes(2, "little")
+    assert code_object_size(bytes(elf)) == ("cubin", 1320)
+    assert code_object_size(b"junk" * 20) is None
+
+
+class NoMemory(ProcessMemory):
+    def read(self, pid: int, addr: int, size: int) -> bytes | None:
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 25), st.lists(st.integers(0, 2**64 - 1), min_size=8, max_size=8),
+       st.lists(st.one_of(st.none(), st.integers(0, 2**64 - 1)), min_size=4, max_size=4),
+       st.one_of(st.none(), st.binary(max_size=64)), st.one_of(st.none(), st.integers(0, 2**64 - 1)))
+def test_cuda_decode_never_raises(i: int, args: list[int], derefs: list[int | None], string: bytes | None,
+                                  out: int | None) -> None:
+    rt = CudaRuntime()
+    spec = rt.specs()[i]
+    call = Call(spec, 5, 7, 1, tuple(args), tuple(derefs), string, ret=args[0], out=out)
+    for item in rt.decode(call, NoMemory()):
+        assert isinstance(item, RawEvent | GpuCode)
+
+
+def test_process_memory_reads_our_own_process() -> None:
+    import ctypes
+    import os
+
+    buf = ctypes.create_string_buffer(b"hello aiflame")
+    mem = ProcessMemory()
+    assert mem.read_cstr(os.getpid(), ctypes.addressof(buf)) == "hello aiflame"
+    assert mem.read(os.getpid(), 0, 8) is None
+    assert mem.file_of(os.getpid(), ctypes.addressof(buf)) is None  # heap: anonymous
