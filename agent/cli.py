@@ -205,8 +205,8 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
         print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s)
         probed = [a for a in result.probed if a.runtime != "process"]
         if probed:
-            console.print("probed: " + "; ".join(f"{os.path.basename(a.path)} ({a.runtime}, {len(a.calls)} entry points)"
-                                                 for a in probed), highlight=False)
+            libs = (f"{os.path.basename(a.path)} ({a.runtime}, {len(a.calls)} entry points)" for a in probed)
+            console.print("probed: " + "; ".join(libs), highlight=False)
         for w in result.warnings:
             err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
         console.print(f"stopped: {result.stop_reason} after {result.stats.elapsed_s:.1f} s")

@@ -10,7 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiflame.agent.records import CallRec, Counter, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RecKind, RetRec, SampleRec
+from aiflame.agent.records import (
+    CallRec,
+    Counter,
+    OpenRec,
+    ProbeSpecRec,
+    ProcRec,
+    PyProcRec,
+    RecKind,
+    RetRec,
+    SampleRec,
+)
 from aiflame.agent.uprobes import Uprobe, attach_uprobe
 from aiflame.raw import RawPyFrame, RawSample
 

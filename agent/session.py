@@ -346,8 +346,8 @@ class Session:
             if snap is not None and any(snap.find(a) is None for a in e.user[:2]):
                 if time.monotonic() - self._remap_at.get(e.pid, 0.0) >= REMAP_MIN_S / 5:
                     self._snapshot(e.pid, writer)
-        for code in self.python.codes(events, _mono_ns()):
-            writer.add_py_code(code)
+        for py_code in self.python.codes(events, _mono_ns()):
+            writer.add_py_code(py_code)
         writer.add_events(events)
         self._events.extend(events)
         self.stats.events += len(events)

@@ -175,5 +175,5 @@ class Runtime(abc.ABC):
         """The events of one call (none, one, or several), and code objects it loaded. Called once the call
         returned, or when the capture ends before it did (end_ns 0); nested calls finish before their parent."""
 
-    def forget(self, pid: int) -> None:
+    def forget(self, pid: int) -> None:  # noqa: B027 - optional hook: stateless runtimes keep the default
         """The process exited or exec'd: drop its state."""

@@ -24,8 +24,8 @@ from aiflame.agent.runtimes.base import (
     Call,
     Deref,
     Library,
-    ProcessMemory,
     ProbeSpec,
+    ProcessMemory,
     Runtime,
 )
 from aiflame.raw import GpuCode, RawEvent

@@ -7,10 +7,10 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from aiflame.agent.records import ProbeFlag, ProbeSpecRec
-from aiflame.agent.runtimes.base import Call, Library, ProcessMemory, ProbeSpec, Runtime
+from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, ProcessMemory, Runtime
 from aiflame.agent.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
 from aiflame.agent.uprobes import UprobeError
 from aiflame.raw import GpuCode, RawEvent
@@ -48,8 +48,8 @@ def spec_rec(spec: ProbeSpec) -> ProbeSpecRec:
     return rec
 
 
-class ProbeTarget:
-    """What the manager needs from the sampler (a protocol, so tests can stand in for BPF)."""
+class ProbeTarget(Protocol):
+    """What the manager needs from the sampler (tests stand in for BPF)."""
 
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None: ...
     def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None: ...

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.records import ProbeFlag, ProbeSpecRec
-from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProcessMemory, ProbeSpec, Runtime
+from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, ProcessMemory, Runtime
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
 from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
 from aiflame.agent.sampler import CallRecord, RetRecord
