@@ -44,7 +44,7 @@ def _capture(samples: list[RawSample]) -> Capture:
         {0xFFFF0000: "do_sys_read"},
         [PyCode(7, 0x7000, 5, "Cls.method", "/x.py", 3, b"\x01\x02", (3, 12), 192)],
         [PyRuntimeInfo(7, "3.12.1", "dwarf:/lib/libpython3.12.so", "/lib/libpython3.12.so")],
-        CaptureFooter(10, 20, 0, {"lost": 3}, "duration", 0.25),
+        footer=CaptureFooter(10, 20, 0, {"lost": 3}, "duration", 0.25),
     )
 
 
