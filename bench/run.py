@@ -13,6 +13,7 @@ BENCHES = [
     ["loss.py"],
     ["python_overhead.py"],
     ["bench_symbolize.py"],
+    ["bench_uprobe.py"],
 ]
 
 
