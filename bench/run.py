@@ -14,6 +14,7 @@ BENCHES = [
     ["python_overhead.py"],
     ["bench_symbolize.py"],
     ["bench_uprobe.py"],
+    ["bench_fatbin.py"],
 ]
 
 
