@@ -91,7 +91,7 @@ def _print_inventory(console: Console, inv: Inventory, arch: int | None) -> None
     if arch is not None and not cubins:
         present = ", ".join(f"sm_{a}" for a in inv.archs) or "none"
         raise GpuSymbolsError(f"{inv.path}: no code for sm_{arch}; present: {present}")
-    what = {"elf": "host binary", "fatbin": "fatbin", "cubin": "cubin"}[inv.container]
+    what = {"elf": "host binary", "fatbin": "fatbin", "cubin": "cubin", "capture": "aiflame capture"}[inv.container]
     parts = [f"{len(inv.cubins)} cubin(s) with code"]
     if inv.ptx_archs:
         parts.append("PTX for " + ", ".join(f"compute_{a}" for a in inv.ptx_archs))

@@ -113,18 +113,56 @@ class _Source:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fsdecode(path)
+        self.stored: list[FatbinEntry] = []
+        if _is_capture(path):
+            self.container, self.data = "capture", b""
+            self.stored = _capture_entries(path)
+            if not self.stored:
+                raise GpuSymbolsError(f"{self.path}: the capture holds no GPU code (no kernel was launched)")
+            return
         self.container, self.data = read_fatbin_file(path)
         if self.container == "elf" and not self.data:
             raise GpuSymbolsError(f"{self.path}: no CUDA device code (no .nv_fatbin section)")
 
     def entries(self, only: set[int] | None = None) -> Iterator[FatbinEntry]:
-        if self.container == "cubin":
+        if self.container == "capture":
+            yield from (e for e in self.stored if only is None or e.offset in only)
+        elif self.container == "cubin":
             yield FatbinEntry("elf", 0, 0, self.data, hashlib.sha256(self.data).hexdigest(), 0)
         else:
             yield from iter_entries(self.data, label=self.path, only=only)
 
     def cubin(self, e: FatbinEntry) -> Cubin:
         return parse_cubin(e.data, label=f"{self.path}: cubin at {e.offset:#x}", digest=e.digest)
+
+
+def _is_capture(path: str | os.PathLike[str]) -> bool:
+    from aiflame.agent.capture import MAGIC  # the capture format belongs to the agent
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def _capture_entries(path: str | os.PathLike[str]) -> list[FatbinEntry]:
+    """The cubins an aiflame capture stored (and those inside fatbins it copied from memory), numbered in order."""
+    from aiflame.agent.capture import CaptureError, read_capture
+
+    label = os.fsdecode(path)
+    try:
+        cap = read_capture(Path(path))
+    except CaptureError as e:
+        raise GpuSymbolsError(str(e)) from None
+    out: list[FatbinEntry] = []
+    for code in cap.gpu_code:
+        if code.kind == "cubin" and code.data:
+            out.append(FatbinEntry("elf", code.arch, 0, code.data, code.digest, len(out)))
+        elif code.kind == "fatbin" and code.data:
+            for e in iter_entries(code.data, label=f"{label}: {code.origin}"):
+                out.append(FatbinEntry(e.kind, e.arch, e.flags, e.data, e.digest, len(out), e.error))
+    return out
 
 
 def inventory(path: str | os.PathLike[str]) -> Inventory:

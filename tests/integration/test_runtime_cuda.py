@@ -86,3 +86,19 @@ def test_library_loaded_from_python_with_ctypes(programs: KernelPrograms, tmp_pa
         if e.kind == EventKind.COMPUTE:
             py = [f.name for f in e.stack if f.kind == FrameKind.PYTHON]
             assert "run_kernels" in py, [f.name for f in e.stack]
+
+
+def test_capture_symbolizes_gpu_offsets_offline(programs: KernelPrograms, tmp_path: Path) -> None:
+    """The capture keeps the launched kernels' cubins: an offset resolves from it as from the binary."""
+    from aiflame.symbolize.gpu_symbols import inventory, lookup_instruction
+
+    aiflame("profile", "-o", str(tmp_path), "-q", "--formats", "folded", "--", str(programs.compressed))
+    capture = tmp_path / "profile.aiflame"
+    cap = read_capture(capture)
+    assert sorted(c.arch for c in cap.gpu_code if c.kind == "cubin") == [80, 90]
+    kernels = {k.name for c in inventory(capture).cubins for k in c.kernels}
+    assert {"_Z5scalePffi", "_Z3addPKfS0_Pfi"} <= kernels
+    for offset in range(0, 0x300, 0x10):
+        from_capture = lookup_instruction(capture, "scale", offset, sass=False)
+        from_binary = lookup_instruction(programs.compressed, "scale", offset, sass=False)
+        assert [(i.arch, i.file, i.line) for i in from_capture] == [(i.arch, i.file, i.line) for i in from_binary]
