@@ -160,8 +160,9 @@ def _capture_entries(path: str | os.PathLike[str]) -> list[FatbinEntry]:
         if code.kind == "cubin" and code.data:
             out.append(FatbinEntry("elf", code.arch, 0, code.data, code.digest, len(out)))
         elif code.kind == "fatbin" and code.data:
-            for e in iter_entries(code.data, label=f"{label}: {code.origin}"):
-                out.append(FatbinEntry(e.kind, e.arch, e.flags, e.data, e.digest, len(out), e.error))
+            for entry in iter_entries(code.data, label=f"{label}: {code.origin}"):
+                out.append(FatbinEntry(entry.kind, entry.arch, entry.flags, entry.data, entry.digest, len(out),
+                                       entry.error))
     return out
 
 
