@@ -1,7 +1,7 @@
 """Cost of one probed runtime call against a bare uprobe on the same function.
 
 A C program calls a noinline function N times and times the loop. Runs: no probe; a bare uprobe (a BPF program
-that returns at once); our entry probe (spec of cudaLaunchKernel: two stack reads, caller stack, Python walk
+that returns at once), on entry and on entry + return; our entry probe (spec of cudaLaunchKernel: two stack reads, caller stack, Python walk
 check, ring-buffer record); our entry+return probe. Per-call cost = (loop time - unprobed loop time) / N, medians
 over repetitions, all in one run. The target is a profiling target (in the pid map), so the probe does its full
 work. Goal: ours <= 1.2x the bare uprobe.
@@ -87,11 +87,13 @@ def main() -> int:
     try:
         base = timed()
         results["unprobed_ns_per_call"] = base / N
-        for name, fd, cookie, ret in (("bare_uprobe", bare_fd, 0, False), ("aiflame_entry", -1, 0, False),
-                                      ("aiflame_entry_return", -1, 1, True)):
+        for name, fd, cookie, ret in (("bare_uprobe", bare_fd, 0, False), ("bare_uprobe_entry_return", bare_fd, 0, True),
+                                      ("aiflame_entry", -1, 0, False), ("aiflame_entry_return", -1, 1, True)):
             probes = []
             if fd >= 0:
                 probes.append(attach_uprobe(fd, str(exe), offset, cookie))
+                if ret:
+                    probes.append(attach_uprobe(fd, str(exe), offset, cookie, ret=True))
             else:
                 sampler.attach_probe(str(exe), offset, cookie)
                 if ret:
@@ -112,7 +114,8 @@ def main() -> int:
         sampler.close()
         bare.cleanup()
     results["entry_vs_bare"] = results["aiflame_entry_ns_per_call"] / results["bare_uprobe_ns_per_call"]
-    results["entry_return_vs_bare"] = results["aiflame_entry_return_ns_per_call"] / results["bare_uprobe_ns_per_call"]
+    results["entry_return_vs_bare"] = (results["aiflame_entry_return_ns_per_call"]
+                                       / results["bare_uprobe_entry_return_ns_per_call"])
     out = {"bench": "uprobe_cost", "calls_per_run": N, "reps": REPS, **results,
            "method": "one C loop, median of 5 timed loops per configuration, same run", **conditions()}
     print(json.dumps(out))
