@@ -1,10 +1,10 @@
 """Cost of one probed runtime call against a bare uprobe on the same function.
 
-A C program calls a noinline function N times and times the loop. Runs: no probe; a bare uprobe (a BPF program
-that returns at once), on entry and on entry + return; our entry probe (spec of cudaLaunchKernel: two stack reads, caller stack, Python walk
-check, ring-buffer record); our entry+return probe. Per-call cost = (loop time - unprobed loop time) / N, medians
-over repetitions, all in one run. The target is a profiling target (in the pid map), so the probe does its full
-work. Goal: ours <= 1.2x the bare uprobe.
+A C program calls a noinline function N times and times the loop. Runs: no probe; a bare uprobe (a BPF
+program that returns at once), on entry and on entry + return; our entry probe (the cudaLaunchKernel spec:
+two stack reads, caller stack, Python walk check, ring-buffer record); our entry + return probe. Per-call
+cost = (loop time - unprobed loop time) / N, medians over repetitions, all in one run. The target is in the
+pid map, so the probe does its full work. Goal: ours <= 1.2x the bare uprobe.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from common import conditions, save  # type: ignore[import-not-found]
+from common import conditions, save
 
 from aiflame.agent.runtimes.base import SP, Deref, ProbeSpec
 from aiflame.agent.runtimes.manager import spec_rec
@@ -87,8 +87,9 @@ def main() -> int:
     try:
         base = timed()
         results["unprobed_ns_per_call"] = base / N
-        for name, fd, cookie, ret in (("bare_uprobe", bare_fd, 0, False), ("bare_uprobe_entry_return", bare_fd, 0, True),
-                                      ("aiflame_entry", -1, 0, False), ("aiflame_entry_return", -1, 1, True)):
+        configs = (("bare_uprobe", bare_fd, 0, False), ("bare_uprobe_entry_return", bare_fd, 0, True),
+                   ("aiflame_entry", -1, 0, False), ("aiflame_entry_return", -1, 1, True))
+        for name, fd, cookie, ret in configs:
             probes = []
             if fd >= 0:
                 probes.append(attach_uprobe(fd, str(exe), offset, cookie))
