@@ -91,7 +91,8 @@ def event_to_pb(e: RawEvent) -> pb.Event:
                  end_ns=e.end_ns, user=e.user, user_err=e.user_err, py_flags=e.py_flags)
     for f in e.py:
         m.py.add(code=f.code, instr=f.instr, owner=f.owner, is_entry=f.is_entry)
-    m.args.update(e.args)
+    # args are sint64: a raw 64-bit register value above 2^63 wraps (user-space addresses never get there)
+    m.args.update({k: v - (1 << 64) if v >= 1 << 63 else v for k, v in e.args.items()})
     m.strs.update(e.strs)
     return m
 

@@ -34,6 +34,7 @@ RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooper
 MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}
 FATBIN_MAGIC = 0xBA55ED50
 MAX_MODULE_BYTES = 512 << 20
+STR_MAX = 128  # AIFLAME_CALL_STR: a string this long (with its NUL) may have been cut
 
 
 def _spec(names: str, call: str = "", **kw: object) -> ProbeSpec:
@@ -97,6 +98,14 @@ def _signed32(v: int | None) -> int:
     return v - (1 << 32) if v >> 31 else v
 
 
+def _string(call: Call, mem: ProcessMemory, arg: int) -> str | None:
+    """The probe's string, or /proc/PID/mem when BPF could not read it or cut it (long mangled names)."""
+    if call.string is not None and len(call.string) < STR_MAX - 1:
+        return call.string.decode("utf-8", "replace")
+    full = mem.read_cstr(call.pid, call.arg(arg))
+    return full if full else (call.string.decode("utf-8", "replace") if call.string else None)
+
+
 def code_object_size(head: bytes) -> tuple[str, int] | None:
     """Kind and total size of a code object from its first 64 bytes: a fatbin (header + entries) or an ELF
     cubin (the section header table ends it)."""
@@ -138,7 +147,7 @@ class CudaRuntime(Runtime):
             return self._register_fatbin(call, mem)
         if name == "__cudaRegisterFunction":
             ev = call.event("cuda", "meta", handle=call.arg(ARG0), func=call.arg(ARG1))
-            kernel = call.string.decode("utf-8", "replace") if call.string else mem.read_cstr(pid, call.arg(ARG3))
+            kernel = _string(call, mem, ARG3)
             if kernel:
                 ev.strs["name"] = kernel
             return [ev]
@@ -180,7 +189,7 @@ class CudaRuntime(Runtime):
                 return []  # the runtime launch around it is the event
             return [self._driver_launch(call, ret)]
         if name in ("cuModuleGetFunction", "cuLibraryGetKernel"):
-            kernel = call.string.decode("utf-8", "replace") if call.string else mem.read_cstr(pid, call.arg(ARG2))
+            kernel = _string(call, mem, ARG2)
             if call.out is not None and kernel:
                 self._functions[(pid, call.out)] = kernel
             return []
