@@ -364,10 +364,10 @@ class Session:
         self._snaps[pid] = snap
         self._known[pid] = set()
         writer.add_process(snap)
+        self.stats.pids = len(self._snaps)
+        self._attach_python(pid, writer)  # first: every sample until then lacks its Python frames
         if self.probes:
             self.probes.consider_process(pid, [m.path for m in snap.mappings])
-        self.stats.pids = len(self._snaps)
-        self._attach_python(pid, writer)
 
     def _attach_python(self, pid: int, writer: CaptureWriter, force: bool = False) -> None:
         found = self.python.attach(pid, self._exec_seq.get(pid, 0), force) if self._sampler else None

@@ -120,7 +120,7 @@ def test_thread_churn_and_exit_mid_capture(tmp_path: Path) -> None:
     script.write_text(
         "import threading, time\n"
         "def short():\n    s = 0\n    for i in range(20000):\n        s += i\n"
-        "end = time.monotonic() + 7.0\n"
+        "end = time.monotonic() + 10.0\n"
         "print('ready', flush=True)\n"
         "while time.monotonic() < end:\n"
         "    ts = [threading.Thread(target=short) for _ in range(4)]\n"
