@@ -15,6 +15,7 @@ BENCHES = [
     ["bench_symbolize.py"],
     ["bench_uprobe.py"],
     ["bench_fatbin.py"],
+    ["bench_gloo.py"],
 ]
 
 
