@@ -308,10 +308,14 @@ class CpuSampler:
                       "probe_spec": "layout_spec"}
         return {struct_name: self._bpf[table].Leaf for struct_name, table in names.items()}
 
-    def close(self) -> None:
+    def detach_probes(self) -> None:
+        """Remove every runtime probe attached so far (the program stays loaded)."""
         for u in self._uprobes:
             u.close()
         self._uprobes.clear()
+
+    def close(self) -> None:
+        self.detach_probes()
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None

@@ -103,9 +103,7 @@ def main() -> int:
             for p in probes:
                 p.close()
             if fd < 0:
-                for u in sampler._uprobes:  # noqa: SLF001 - detach between runs
-                    u.close()
-                sampler._uprobes.clear()
+                sampler.detach_probes()
             sampler.poll()  # drain the records written
             results[f"{name}_ns_per_call"] = (t - base) / N
             print(f"{name}: {(t - base) / N:.0f} ns per call", flush=True)

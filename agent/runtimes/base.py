@@ -11,9 +11,11 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from aiflame.raw import GpuCode, RawEvent, RawPyFrame
+
+V = TypeVar("V")
 
 ARG0, ARG1, ARG2, ARG3, ARG4, ARG5, SP, RET_ADDR = range(8)
 DEREF0, DEREF1, DEREF2, DEREF3 = range(8, 12)
@@ -153,6 +155,12 @@ class Library:
     @property
     def basename(self) -> str:
         return os.path.basename(self.path)
+
+
+def drop_pid(table: dict[tuple[int, int], V], pid: int) -> None:
+    """Remove the entries of `pid` from a table keyed by (pid, something): per-process plug-in state."""
+    for key in [k for k in table if k[0] == pid]:
+        del table[key]
 
 
 class Runtime(abc.ABC):

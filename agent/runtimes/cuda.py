@@ -19,7 +19,6 @@ from aiflame.agent.runtimes.base import (
     ARG1,
     ARG2,
     ARG3,
-    DEREF0,
     SP,
     Call,
     Deref,
@@ -27,6 +26,7 @@ from aiflame.agent.runtimes.base import (
     ProbeSpec,
     ProcessMemory,
     Runtime,
+    drop_pid,
 )
 from aiflame.raw import GpuCode, RawEvent
 
@@ -80,7 +80,6 @@ SPECS = [
     _spec("cuModuleGetFunction", ret=True, stack=False, out_arg=ARG0, string=ARG2),
     _spec("cuLibraryGetKernel", ret=True, stack=False, out_arg=ARG0, string=ARG2),
 ]
-_ = DEREF0  # chains are not needed by CUDA's layouts
 
 
 def _lo(v: int | None) -> int:
@@ -136,8 +135,8 @@ class CudaRuntime(Runtime):
                 or ".nvFatBinSegment" in lib.sections)
 
     def forget(self, pid: int) -> None:
-        self._handles = {k: v for k, v in self._handles.items() if k[0] != pid}
-        self._functions = {k: v for k, v in self._functions.items() if k[0] != pid}
+        drop_pid(self._handles, pid)
+        drop_pid(self._functions, pid)
 
     def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call

@@ -39,6 +39,7 @@ from aiflame.agent.runtimes.base import (
     ProbeSpec,
     ProcessMemory,
     Runtime,
+    drop_pid,
 )
 from aiflame.raw import GpuCode, RawEvent
 
@@ -178,10 +179,10 @@ class GlooRuntime(Runtime):
         return lib.basename.startswith("libtorch_cpu")
 
     def forget(self, pid: int) -> None:
-        self._contexts = {k: v for k, v in self._contexts.items() if k[0] != pid}
+        drop_pid(self._contexts, pid)
         self._process.pop(pid, None)
-        self._wire = {k: v for k, v in self._wire.items() if k[0] != pid}
-        self._posted = {k: v for k, v in self._posted.items() if k[0] != pid}
+        drop_pid(self._wire, pid)
+        drop_pid(self._posted, pid)
 
     # --- decoding ---------------------------------------------------------------------------------------------
 

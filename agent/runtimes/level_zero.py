@@ -27,6 +27,7 @@ from aiflame.agent.runtimes.base import (
     ProbeSpec,
     ProcessMemory,
     Runtime,
+    drop_pid,
 )
 from aiflame.raw import GpuCode, RawEvent
 
@@ -124,8 +125,8 @@ class LevelZeroRuntime(Runtime):
         return lib.basename.startswith("libze_loader.so")
 
     def forget(self, pid: int) -> None:
-        self._modules = {k: v for k, v in self._modules.items() if k[0] != pid}
-        self._kernels = {k: v for k, v in self._kernels.items() if k[0] != pid}
+        drop_pid(self._modules, pid)
+        drop_pid(self._kernels, pid)
 
     def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call

@@ -279,5 +279,3 @@ class ProbeManager:
     def probed_files(self) -> list[Attached]:
         return list(self.attached)
 
-
-OnEvents = Callable[[list[RawEvent]], None]

@@ -36,6 +36,7 @@ from aiflame.agent.runtimes.base import (
     ProbeSpec,
     ProcessMemory,
     Runtime,
+    drop_pid,
 )
 from aiflame.raw import GpuCode, RawEvent
 
@@ -174,8 +175,8 @@ class NcclRuntime(Runtime):
         return lib.basename.startswith("libnccl.so")
 
     def forget(self, pid: int) -> None:
-        self._comms = {k: v for k, v in self._comms.items() if k[0] != pid}
-        self._group_depth = {k: v for k, v in self._group_depth.items() if k[0] != pid}
+        drop_pid(self._comms, pid)
+        drop_pid(self._group_depth, pid)
 
     def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call
