@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from aiflame.model import FrameKind
 
-__all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir"]
+__all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir", "read_json_gz",
+           "write_json_gz"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,45 @@ def default_cache_dir() -> str:
     if env:
         return env
     return os.path.join(os.path.expanduser("~"), ".cache", "aiflame", "symbols")
+
+
+def read_json_gz(path: str, what: str) -> object | None:
+    """The JSON document in gzip file `path`; None (logged) when it is absent, unreadable or corrupt."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.debug("%s %s unreadable: %s", what, path, e)
+        return None
+    try:
+        doc: object = json.loads(gzip.decompress(raw))
+        return doc
+    except (OSError, EOFError, zlib.error, ValueError) as e:
+        log.debug("%s %s ignored: %r", what, path, e)
+        return None
+
+
+def write_json_gz(path: str, doc: object, what: str) -> None:
+    """Write `doc` as gzip'd JSON atomically (temp file + rename); failures are logged and ignored."""
+    data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=3)
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json.gz", dir=os.path.dirname(path))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        log.debug("%s %s not written: %s", what, path, e)
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 @dataclass
@@ -70,42 +110,18 @@ class SymbolCache:
     def load(self, key: str) -> CachedSymbols | None:
         """The cached symbols of `key`, or None when absent or unusable."""
         path = self.path_for(key)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            log.debug("symbol cache %s unreadable: %s", path, e)
+        doc = read_json_gz(path, "symbol cache")
+        if doc is None:
             return None
         try:
-            doc = json.loads(gzip.decompress(raw))
             return _decode(doc, key)
-        except (OSError, EOFError, zlib.error, ValueError, TypeError, KeyError, IndexError) as e:
+        except (ValueError, TypeError, KeyError, IndexError) as e:
             log.debug("symbol cache %s ignored: %r", path, e)
             return None
 
     def store(self, key: str, symbols: CachedSymbols) -> None:
         """Write all of `symbols` for `key` atomically; failures are logged and ignored."""
-        path = self.path_for(key)
-        text = json.dumps(_encode(key, symbols), separators=(",", ":"))
-        data = gzip.compress(text.encode(), compresslevel=3)
-        tmp = None
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json.gz", dir=os.path.dirname(path))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-            tmp = None
-        except OSError as e:
-            log.debug("symbol cache %s not written: %s", path, e)
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+        write_json_gz(self.path_for(key), _encode(key, symbols), "symbol cache")
 
 
 def _encode(key: str, symbols: CachedSymbols) -> dict[str, object]:

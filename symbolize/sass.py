@@ -11,8 +11,6 @@ Format, version 1::
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 import os
 import re
@@ -21,10 +19,9 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import zlib
 from pathlib import Path
 
-from aiflame.symbolize.cache import default_cache_dir
+from aiflame.symbolize.cache import default_cache_dir, read_json_gz, write_json_gz
 from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = ["SassError", "Sass", "default_sass_dir", "disassemble", "find_nvdisasm", "parse_nvdisasm"]
@@ -166,15 +163,7 @@ class _Cache:
         return os.path.join(self.dir, key[:2], key + ".json.gz")
 
     def load(self, key: str) -> Sass | None:
-        path = self.path_for(key)
-        try:
-            with open(path, "rb") as f:
-                doc = json.loads(gzip.decompress(f.read()))
-        except FileNotFoundError:
-            return None
-        except (OSError, EOFError, zlib.error, ValueError) as e:
-            log.debug("SASS cache %s ignored: %r", path, e)
-            return None
+        doc = read_json_gz(self.path_for(key), "SASS cache")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
             return None
         kernels = doc.get("kernels")
@@ -193,27 +182,10 @@ class _Cache:
         return out
 
     def store(self, key: str, sass: Sass) -> None:
-        path = self.path_for(key)
         doc = {
             "format": FORMAT,
             "version": VERSION,
             "key": key,
             "kernels": {k: [[off, text] for off, text in sorted(rows.items())] for k, rows in sass.items()},
         }
-        data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=3)
-        tmp = None
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json.gz", dir=os.path.dirname(path))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-            tmp = None
-        except OSError as e:
-            log.debug("SASS cache %s not written: %s", path, e)
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+        write_json_gz(self.path_for(key), doc, "SASS cache")
