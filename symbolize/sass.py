@@ -11,7 +11,6 @@ Format, version 1::
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -26,7 +25,6 @@ from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = ["SassError", "Sass", "default_sass_dir", "disassemble", "find_nvdisasm", "parse_nvdisasm"]
 
-log = logging.getLogger(__name__)
 
 FORMAT = "aiflame-sass"
 VERSION = 1
