@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from aiflame.symbolize.dwarf_lines import _sleb, _uleb
+from aiflame.symbolize.dwarf_lines import LineHeader, run_line_program, uleb
 from aiflame.symbolize.elf import Section, _extended_counts, _parse_header, _read_sections, _Reader
 from aiflame.symbolize.errors import SymbolizeError
 
@@ -316,82 +316,21 @@ class _LineReader:
         while data[p]:
             e = data.index(b"\0", p, end)
             name = data[p:e].decode("utf-8", "replace")
-            d, p = _uleb(data, e + 1)
-            _mtime, p = _uleb(data, p)
-            _size, p = _uleb(data, p)
+            d, p = uleb(data, e + 1)
+            _mtime, p = uleb(data, p)
+            _size, p = uleb(data, p)
             files.append(_join(dirs, d, name))
-        self._run(data, program, end, min_len, line_base, line_range, opcode_base, std_lengths, files, relocs, seqs)
-        return end
+        def set_address(at: int, size: int) -> tuple[str | None, int]:
+            # the relocation of the address field says whose address it is
+            return self._relocated(relocs.get(at), int.from_bytes(data[at : at + size], "little"))
 
-    def _run(
-        self,
-        data: bytes,
-        pos: int,
-        end: int,
-        min_len: int,
-        line_base: int,
-        line_range: int,
-        opcode_base: int,
-        std_lengths: bytes,
-        files: list[str],
-        relocs: dict[int, _Reloc],
-        seqs: list[_Seq],
-    ) -> None:
-        """The DWARF line state machine, keeping (address, file, line) rows and each sequence's function."""
-        const_add = ((255 - opcode_base) // line_range) * min_len
-        rows: list[tuple[int, int, int]] = []
-        kernel: str | None = None
-        address, file, line = 0, 1, 1
-        while pos < end:
-            op = data[pos]
-            pos += 1
-            if op >= opcode_base:  # special opcode: advance address and line, emit a row
-                adj = op - opcode_base
-                address += (adj // line_range) * min_len
-                line += line_base + adj % line_range
-                rows.append((address, file, line))
-            elif op == 0:  # extended opcode
-                n, pos = _uleb(data, pos)
-                if n == 0:
-                    continue
-                sub, nxt = data[pos], pos + n
-                if nxt > end:
-                    raise ValueError("extended opcode runs past its unit")
-                if sub == 1:  # DW_LNE_end_sequence
-                    rows.append((address, 0, 0))
-                    seqs.append(_Seq(kernel, rows, files))
-                    rows, kernel = [], None
-                    address, file, line = 0, 1, 1
-                elif sub == 2:  # DW_LNE_set_address: the relocation says whose address
-                    field = int.from_bytes(data[pos + 1 : nxt], "little")
-                    kernel, address = self._relocated(relocs.get(pos + 1), field)
-                elif sub == 3:  # DW_LNE_define_file
-                    e = data.index(b"\0", pos + 1, nxt)
-                    d, _p = _uleb(data, e + 1)
-                    files = [*files, _join([], d, data[pos + 1 : e].decode("utf-8", "replace"))]
-                # Others, e.g. NVIDIA's 0x90 (the inlining context that `nvdisasm -gi` shows), carry no row.
-                pos = nxt
-            elif op == 1:  # DW_LNS_copy
-                rows.append((address, file, line))
-            elif op == 2:  # advance_pc
-                n, pos = _uleb(data, pos)
-                address += n * min_len
-            elif op == 3:  # advance_line
-                n, pos = _sleb(data, pos)
-                line += n
-            elif op == 4:  # set_file
-                file, pos = _uleb(data, pos)
-            elif op == 8:  # const_add_pc
-                address += const_add
-            elif op == 9:  # fixed_advance_pc
-                (n,) = struct.unpack_from("<H", data, pos)
-                address += n
-                pos += 2
-            else:  # set_column, negate_stmt, basic_block, prologue/epilogue, isa, and unknown opcodes
-                for _ in range(std_lengths[op - 1]):
-                    _v, pos = _uleb(data, pos)
-        if pos > end:
-            raise ValueError("line program runs past its unit")
+        def define_file(name: str, d: int) -> None:
+            files.append(_join([], d, name))
+
+        header = LineHeader(min_len, line_base, line_range, opcode_base, std_lengths)
+        for kernel, rows in run_line_program(data, program, end, header, "little", set_address, define_file):
+            seqs.append(_Seq(kernel, rows, files))
+        return end
 
     @staticmethod
     def _relocated(reloc: _Reloc | None, field: int) -> tuple[str | None, int]:

@@ -19,8 +19,9 @@ import bisect
 import logging
 import posixpath
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple, TypeVar
 
 from aiflame.symbolize.elf import ElfFile, Section
 from aiflame.symbolize.errors import SymbolizeError
@@ -83,14 +84,18 @@ _WHOLE_SECTION = 16 << 20  # sections up to this size are read at once; bigger p
 _DIE_CHUNK = 4096
 
 
-class _Malformed(Exception):
+T = TypeVar("T")
+
+
+class _Malformed(ValueError):
     """Inconsistent DWARF; handled like the IndexError/struct.error a truncated read produces."""
 
 
 _ERRORS = (_Malformed, IndexError, struct.error, ValueError, OverflowError, SymbolizeError)
 
 
-def _uleb(data: bytes, pos: int) -> tuple[int, int]:
+def uleb(data: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned LEB128 at `pos`: (value, position after it)."""
     b = data[pos]
     pos += 1
     if b < 0x80:
@@ -105,7 +110,8 @@ def _uleb(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _sleb(data: bytes, pos: int) -> tuple[int, int]:
+def sleb(data: bytes, pos: int) -> tuple[int, int]:
+    """A signed LEB128 at `pos`: (value, position after it)."""
     result, shift = 0, 0
     while True:
         b = data[pos]
@@ -391,18 +397,18 @@ class LineTable:
         while code not in found:
             if pos >= len(data):
                 raise _Malformed(f"abbreviation {code} not found")
-            c, pos = _uleb(data, pos)
+            c, pos = uleb(data, pos)
             if c == 0:
                 raise _Malformed(f"abbreviation {code} not found")
-            tag, pos = _uleb(data, pos)
+            tag, pos = uleb(data, pos)
             pos += 1  # DW_CHILDREN_yes/no
             specs = []
             while True:
-                at, pos = _uleb(data, pos)
-                form, pos = _uleb(data, pos)
+                at, pos = uleb(data, pos)
+                form, pos = uleb(data, pos)
                 implicit = 0
                 if form == _F_IMPLICIT_CONST:
-                    implicit, pos = _sleb(data, pos)
+                    implicit, pos = sleb(data, pos)
                 if at == 0 and form == 0:
                     break
                 specs.append((at, form, implicit))
@@ -423,7 +429,7 @@ class LineTable:
                 size = unit.end - unit.die_offset  # a huge attribute: read the whole unit once
 
     def _parse_die(self, unit: _Unit, data: bytes) -> _TopDie:
-        code, pos = _uleb(data, 0)
+        code, pos = uleb(data, 0)
         if code == 0:
             raise _Malformed("empty unit")
         tag, specs = self._abbrev(unit.abbrev_offset, code)
@@ -436,7 +442,7 @@ class LineTable:
     def _form(self, unit: _Unit, data: bytes, pos: int, form: int, implicit: int) -> tuple[int | bytes, int]:
         """(value, next position) of one attribute; blocks and inline strings come back as bytes."""
         while form == _F_INDIRECT:
-            form, pos = _uleb(data, pos)
+            form, pos = uleb(data, pos)
         size = _FIXED_SIZE.get(form)
         if size is not None:
             return (implicit if form == _F_IMPLICIT_CONST else self._uint(data, pos, size)), pos + size
@@ -448,14 +454,14 @@ class LineTable:
             n = unit.addr_size if unit.version <= 2 else unit.offsize
             return self._uint(data, pos, n), pos + n
         if form in _ULEB_FORMS:
-            return _uleb(data, pos)
+            return uleb(data, pos)
         if form == _F_SDATA:
-            return _sleb(data, pos)
+            return sleb(data, pos)
         if form == _F_STRING:
             end = data.index(b"\0", pos)
             return data[pos:end], end + 1
         if form in (_F_BLOCK, _F_EXPRLOC):
-            n, pos = _uleb(data, pos)
+            n, pos = uleb(data, pos)
         elif form in (_F_BLOCK1, _F_BLOCK2, _F_BLOCK4):
             w = {_F_BLOCK1: 1, _F_BLOCK2: 2, _F_BLOCK4: 4}[form]
             n, pos = self._uint(data, pos, w), pos + w
@@ -551,16 +557,16 @@ class LineTable:
             if kind == 0:  # DW_RLE_end_of_list
                 return out
             if kind == 1:  # base_addressx
-                i, pos = _uleb(data, pos)
+                i, pos = uleb(data, pos)
                 base = self._address(unit, die, _F_ADDRX, i)
             elif kind in (2, 3):  # startx_endx, startx_length
-                i, pos = _uleb(data, pos)
-                j, pos = _uleb(data, pos)
+                i, pos = uleb(data, pos)
+                j, pos = uleb(data, pos)
                 start = self._address(unit, die, _F_ADDRX, i)
                 out.append((start, self._address(unit, die, _F_ADDRX, j) if kind == 2 else start + j))
             elif kind == 4:  # offset_pair
-                s, pos = _uleb(data, pos)
-                e, pos = _uleb(data, pos)
+                s, pos = uleb(data, pos)
+                e, pos = uleb(data, pos)
                 out.append((base + s, base + e))
             elif kind == 5:  # base_address
                 base, pos = self._uint(data, pos, a), pos + a
@@ -569,7 +575,7 @@ class LineTable:
                 pos += 2 * a
             elif kind == 7:  # start_length
                 s = self._uint(data, pos, a)
-                n, pos = _uleb(data, pos + a)
+                n, pos = uleb(data, pos + a)
                 out.append((s, s + n))
             else:
                 raise _Malformed(f"range list entry kind {kind}")
@@ -638,12 +644,20 @@ class LineTable:
             while data[pos]:
                 e = data.index(b"\0", pos)
                 name = data[pos:e].decode("utf-8", "replace")
-                d, pos = _uleb(data, e + 1)
-                _mtime, pos = _uleb(data, pos)
-                _size, pos = _uleb(data, pos)
+                d, pos = uleb(data, e + 1)
+                _mtime, pos = uleb(data, pos)
+                _size, pos = uleb(data, pos)
                 files4.append((name, d))
             names = _FileNames(False, dirs4, files4, comp_dir)
-        seqs = self._run(data, program, end, min_len, line_base, line_range, opcode_base, std_lengths, names)
+        order: Literal["little", "big"] = "little" if self._le else "big"
+
+        def set_address(at: int, size: int) -> tuple[None, int]:
+            return None, int.from_bytes(data[at : at + size], order)
+
+        header = LineHeader(min_len, line_base, line_range, opcode_base, std_lengths)
+        # Sequences at 0 (or at -1/-2 tombstones) are functions the linker discarded.
+        seqs = [rows for _, rows in run_line_program(data, program, end, header, order, set_address, names.define)
+                if len(rows) > 1 and 0 < rows[0][0] < rows[-1][0]]
         seqs.sort(key=lambda s: s[0][0])
         addrs: list[int] = []
         rows: list[tuple[str, int]] = []
@@ -659,10 +673,10 @@ class LineTable:
         pos += 1
         formats = []
         for _ in range(nformats):
-            kind, pos = _uleb(data, pos)
-            form, pos = _uleb(data, pos)
+            kind, pos = uleb(data, pos)
+            form, pos = uleb(data, pos)
             formats.append((kind, form))
-        count, pos = _uleb(data, pos)
+        count, pos = uleb(data, pos)
         if count and (not formats or count > len(data) - pos):
             raise _Malformed("bad entry count")  # each entry takes at least one byte
         unit = _Unit(0, 5, 8, offsize, 0, 1, 0, 0)
@@ -683,72 +697,87 @@ class LineTable:
             out.append((path, d))
         return out, pos
 
-    def _run(
-        self,
-        data: bytes,
-        pos: int,
-        end: int,
-        min_len: int,
-        line_base: int,
-        line_range: int,
-        opcode_base: int,
-        std_lengths: bytes,
-        names: _FileNames,
-    ) -> list[list[tuple[int, int, int]]]:
-        """Execute a line number program (DWARF 5, 6.2.5); one row list per sequence."""
-        order: Literal["little", "big"] = "little" if self._le else "big"
-        const_add = ((255 - opcode_base) // line_range) * min_len
-        seqs: list[list[tuple[int, int, int]]] = []
-        rows: list[tuple[int, int, int]] = []
-        address, file, line = 0, 1, 1
-        while pos < end:
-            op = data[pos]
-            pos += 1
-            if op >= opcode_base:  # special opcode: advance address and line, emit a row
-                adj = op - opcode_base
-                address += (adj // line_range) * min_len
-                line += line_base + adj % line_range
-                rows.append((address, file, line))
-            elif op == 0:  # extended opcode
-                n, pos = _uleb(data, pos)
-                if n == 0:
-                    continue
-                sub, nxt = data[pos], pos + n
-                if sub == 1:  # DW_LNE_end_sequence
-                    rows.append((address, 0, 0))
-                    # Sequences at 0 (or at -1/-2 tombstones) are functions the linker discarded.
-                    if len(rows) > 1 and 0 < rows[0][0] < address:
-                        seqs.append(rows)
-                    rows = []
-                    address, file, line = 0, 1, 1
-                elif sub == 2:  # DW_LNE_set_address
-                    address = int.from_bytes(data[pos + 1 : nxt], order)
-                elif sub == 3:  # DW_LNE_define_file (DWARF <= 4)
-                    e = data.index(b"\0", pos + 1)
-                    d, _p = _uleb(data, e + 1)
-                    names.define(data[pos + 1 : e].decode("utf-8", "replace"), d)
-                pos = nxt
-            elif op == 1:  # DW_LNS_copy
-                rows.append((address, file, line))
-            elif op == 2:  # advance_pc
-                n, pos = _uleb(data, pos)
-                address += n * min_len
-            elif op == 3:  # advance_line
-                n, pos = _sleb(data, pos)
-                line += n
-            elif op == 4:  # set_file
-                file, pos = _uleb(data, pos)
-            elif op == 8:  # const_add_pc
-                address += const_add
-            elif op == 9:  # fixed_advance_pc
-                address += self._uint(data, pos, 2)
-                pos += 2
-            else:  # set_column, negate_stmt, basic_block, prologue/epilogue, isa, and unknown opcodes
-                for _ in range(std_lengths[op - 1]):
-                    _v, pos = _uleb(data, pos)
-        if pos > end:
-            raise _Malformed("line program runs past its unit")
-        return seqs
+class LineHeader(NamedTuple):
+    """What the line state machine needs from a line program header."""
+
+    min_len: int  # minimum_instruction_length
+    line_base: int
+    line_range: int
+    opcode_base: int
+    std_lengths: bytes  # standard_opcode_lengths
+
+
+Row = tuple[int, int, int]  # address, file index, line; (address, 0, 0) ends a sequence
+
+
+def run_line_program(
+    data: bytes,
+    pos: int,
+    end: int,
+    h: LineHeader,
+    order: Literal["little", "big"],
+    set_address: Callable[[int, int], tuple[T, int]],
+    define_file: Callable[[str, int], None],
+) -> list[tuple[T | None, list[Row]]]:
+    """Execute the line number program in data[pos:end] (DWARF 5, 6.2.5): one row list per sequence, each with
+    the tag that `set_address(field offset, field size) -> (tag, address)` gave it (None before any
+    DW_LNE_set_address; a cubin tags sequences with their kernel). `define_file(name, dir index)` gets
+    DW_LNE_define_file. Raises ValueError (or IndexError/struct.error) on malformed programs."""
+    const_add = ((255 - h.opcode_base) // h.line_range) * h.min_len
+    min_len, line_base, line_range, opcode_base, std_lengths = h
+    seqs: list[tuple[T | None, list[Row]]] = []
+    rows: list[Row] = []
+    tag: T | None = None
+    address, file, line = 0, 1, 1
+    while pos < end:
+        op = data[pos]
+        pos += 1
+        if op >= opcode_base:  # special opcode: advance address and line, emit a row
+            adj = op - opcode_base
+            address += (adj // line_range) * min_len
+            line += line_base + adj % line_range
+            rows.append((address, file, line))
+        elif op == 0:  # extended opcode
+            n, pos = uleb(data, pos)
+            if n == 0:
+                continue
+            sub, nxt = data[pos], pos + n
+            if nxt > end:
+                raise _Malformed("extended opcode runs past its unit")
+            if sub == 1:  # DW_LNE_end_sequence
+                rows.append((address, 0, 0))
+                seqs.append((tag, rows))
+                rows, tag = [], None
+                address, file, line = 0, 1, 1
+            elif sub == 2:  # DW_LNE_set_address
+                tag, address = set_address(pos + 1, nxt - pos - 1)
+            elif sub == 3:  # DW_LNE_define_file (DWARF <= 4)
+                e = data.index(b"\0", pos + 1, nxt)
+                d, _p = uleb(data, e + 1)
+                define_file(data[pos + 1 : e].decode("utf-8", "replace"), d)
+            # Others, e.g. NVIDIA's 0x90 (the inlining context that `nvdisasm -gi` shows), carry no row.
+            pos = nxt
+        elif op == 1:  # DW_LNS_copy
+            rows.append((address, file, line))
+        elif op == 2:  # advance_pc
+            n, pos = uleb(data, pos)
+            address += n * min_len
+        elif op == 3:  # advance_line
+            n, pos = sleb(data, pos)
+            line += n
+        elif op == 4:  # set_file
+            file, pos = uleb(data, pos)
+        elif op == 8:  # const_add_pc
+            address += const_add
+        elif op == 9:  # fixed_advance_pc
+            address += int.from_bytes(data[pos : pos + 2], order)
+            pos += 2
+        else:  # set_column, negate_stmt, basic_block, prologue/epilogue, isa, and unknown opcodes
+            for _ in range(std_lengths[op - 1]):
+                _v, pos = uleb(data, pos)
+    if pos > end:
+        raise _Malformed("line program runs past its unit")
+    return seqs
 
 
 class _FileNames:
