@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -341,11 +341,9 @@ class Session:
         if not self.probes:
             return
         events, code = self.probes.take()
-        for e in events:  # stacks of calls into libraries mapped after the last snapshot need a new one
-            snap = self._snaps.get(e.pid)
-            if snap is not None and any(snap.find(a) is None for a in e.user[:2]):
-                if time.monotonic() - self._remap_at.get(e.pid, 0.0) >= REMAP_MIN_S / 5:
-                    self._snapshot(e.pid, writer)
+        # A probed call runs in a library mapped just before (its target was stopped at the open): a shorter
+        # wait than for samples, and only the call and its caller need to be inside the mappings.
+        self._refresh_mappings(((e.pid, e.user[:2]) for e in events), writer, REMAP_MIN_S / 5)
         for py_code in self.python.codes(events, _mono_ns()):
             writer.add_py_code(py_code)
         writer.add_events(events)
@@ -355,6 +353,28 @@ class Session:
             writer.add_gpu_code(c)
             if c.kind == "fatbin":
                 self._memory_fatbins[c.digest] = c.data
+
+    def _refresh_mappings(self, stacks: Iterable[tuple[int, Sequence[int]]], writer: CaptureWriter,
+                          min_age_s: float) -> None:
+        """Re-read the mappings of processes whose user addresses fall outside them (dlopen, late libraries),
+        at most once per `min_age_s` each; a process without a snapshot gets one at once."""
+        stale: set[int] = set()
+        for pid, user in stacks:
+            known = self._known.get(pid)
+            if known is None:
+                stale.add(pid)
+                continue
+            snap = self._snaps[pid]
+            for a in user:
+                if a not in known:
+                    if snap.find(a) is None:
+                        stale.add(pid)
+                        break
+                    known.add(a)
+        now = time.monotonic()
+        for pid in stale:
+            if now - self._remap_at.get(pid, 0.0) >= min_age_s or pid not in self._snaps:
+                self._snapshot(pid, writer)
 
     def _snapshot(self, pid: int, writer: CaptureWriter) -> None:
         snap = read_process(pid, _mono_ns(), self._build_ids, self._exec_seq.get(pid, 0))
@@ -398,24 +418,9 @@ class Session:
         if not self._pending:
             writer.flush()
             return
-        stale: set[int] = set()
         for s in self._pending:
             self._kaddrs.update(s.kern)
-            known = self._known.get(s.pid)
-            if known is None:
-                stale.add(s.pid)
-                continue
-            snap = self._snaps[s.pid]
-            for a in s.user:
-                if a not in known:
-                    if snap.find(a) is None:
-                        stale.add(s.pid)
-                        break
-                    known.add(a)
-        now = time.monotonic()
-        for pid in stale:
-            if now - self._remap_at.get(pid, 0.0) >= REMAP_MIN_S or pid not in self._snaps:
-                self._snapshot(pid, writer)
+        self._refresh_mappings(((s.pid, s.user) for s in self._pending), writer, REMAP_MIN_S)
         self.stats.samples += len(self._pending)
         for pid in {s.pid for s in self._pending} - self.python.procs.keys():
             self._attach_python(pid, writer)
