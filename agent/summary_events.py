@@ -4,6 +4,9 @@ copies by direction, sync time, and collectives per rank."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -36,6 +39,38 @@ def _rank_label(ev: TraceEvent) -> str:
     return f"rank {ev.rank}" if ev.rank >= 0 else f"pid {ev.pid}"
 
 
+@dataclass
+class _Totals:
+    calls: int = 0
+    bytes: int = 0
+    ns: int = 0
+    max_ns: int = 0
+
+
+K = TypeVar("K")
+
+
+def _totals(items: Iterable[tuple[K, TraceEvent]]) -> dict[K, _Totals]:
+    """Calls, bytes (args["bytes"]), total and longest duration per key."""
+    out: dict[K, _Totals] = defaultdict(_Totals)
+    for key, e in items:
+        x = out[key]
+        x.calls += 1
+        x.bytes += int(e.args.get("bytes", 0))
+        x.ns += e.duration_ns
+        x.max_ns = max(x.max_ns, e.duration_ns)
+    return out
+
+
+def _table(title: str, left: tuple[str, ...], right: tuple[str, ...]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in left:
+        t.add_column(col)
+    for col in right:
+        t.add_column(col, justify="right")
+    return t
+
+
 def print_events(console: Console, prof: Profile, top: int = 10, stacks_per_kernel: int = 2) -> None:
     events = prof.events
     if not events:
@@ -56,46 +91,22 @@ def print_events(console: Console, prof: Profile, top: int = 10, stacks_per_kern
         console.print(t)
     copies = [e for e in events if e.kind == EventKind.COPY]
     if copies:
-        t = Table(title="Copies by direction", title_justify="left")
-        for col in ("direction", "calls", "bytes", "call time ms"):
-            t.add_column(col, justify="left" if col == "direction" else "right")
-        agg: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-        for e in copies:
-            a = agg[str(e.args.get("direction", e.name))]
-            a[0] += 1
-            a[1] += int(e.args.get("bytes", 0))
-            a[2] += e.duration_ns
-        for d, (n, b, ns) in sorted(agg.items()):
-            t.add_row(escape(d), str(n), _bytes(b), _ms(ns))
+        t = _table("Copies by direction", ("direction",), ("calls", "bytes", "call time ms"))
+        by_dir = _totals((str(e.args.get("direction", e.name)), e) for e in copies)
+        for d, x in sorted(by_dir.items()):
+            t.add_row(escape(d), str(x.calls), _bytes(x.bytes), _ms(x.ns))
         console.print(t)
     syncs = [e for e in events if e.kind == EventKind.SYNC]
     if syncs:
-        t = Table(title="Synchronization", title_justify="left")
-        for col in ("call", "calls", "total ms", "max ms"):
-            t.add_column(col, justify="left" if col == "call" else "right")
-        sagg: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-        for e in syncs:
-            a = sagg[e.name]
-            a[0] += 1
-            a[1] += e.duration_ns
-            a[2] = max(a[2], e.duration_ns)
-        for name, (n, ns, mx) in sorted(sagg.items()):
-            t.add_row(escape(name), str(n), _ms(ns), _ms(mx))
+        t = _table("Synchronization", ("call",), ("calls", "total ms", "max ms"))
+        for name, x in sorted(_totals((e.name, e) for e in syncs).items()):
+            t.add_row(escape(name), str(x.calls), _ms(x.ns), _ms(x.max_ns))
         console.print(t)
     colls = [e for e in events if e.kind == EventKind.COLLECTIVE]
     if colls:
-        t = Table(title="Collectives per rank", title_justify="left")
-        for col in ("rank", "collective", "calls", "bytes", "time ms"):
-            t.add_column(col, justify="left" if col in ("rank", "collective") else "right")
-        cagg: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-        order: dict[str, int] = {}
-        for e in colls:
-            label = _rank_label(e)
-            order.setdefault(label, e.rank if e.rank >= 0 else 1 << 30)
-            a = cagg[(label, e.name)]
-            a[0] += 1
-            a[1] += int(e.args.get("bytes", 0))
-            a[2] += e.duration_ns
-        for (label, name), (n, b, ns) in sorted(cagg.items(), key=lambda kv: (order[kv[0][0]], kv[0])):
-            t.add_row(label, escape(name), str(n), _bytes(b), _ms(ns))
+        t = _table("Collectives per rank", ("rank", "collective"), ("calls", "bytes", "time ms"))
+        order = {_rank_label(e): e.rank if e.rank >= 0 else 1 << 30 for e in reversed(colls)}
+        by_rank = _totals(((_rank_label(e), e.name), e) for e in colls)
+        for (label, name), x in sorted(by_rank.items(), key=lambda kv: (order[kv[0][0]], kv[0])):
+            t.add_row(label, escape(name), str(x.calls), _bytes(x.bytes), _ms(x.ns))
         console.print(t)
