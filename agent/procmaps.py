@@ -49,15 +49,22 @@ def parse_maps(text: str) -> list[tuple[int, int, str, int, str, int, str]]:
     return out
 
 
-def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int = 0) -> ProcessSnapshot | None:
-    """Snapshot the executable mappings of `pid`; None if the process is already gone."""
+def read_maps(pid: int) -> list[tuple[int, int, str, int, str, int, str]] | None:
+    """parse_maps of /proc/PID/maps; None when the process is gone."""
     try:
         with open(f"/proc/{pid}/maps") as f:
-            text = f.read()
+            return parse_maps(f.read())
     except OSError:
         return None
+
+
+def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int = 0) -> ProcessSnapshot | None:
+    """Snapshot the executable mappings of `pid`; None if the process is already gone."""
+    maps = read_maps(pid)
+    if maps is None:
+        return None
     mappings = []
-    for lo, hi, perms, off, dev, inode, path in parse_maps(text):
+    for lo, hi, perms, off, dev, inode, path in maps:
         if "x" not in perms:
             continue
         bid = ""

@@ -19,7 +19,7 @@ from types import FrameType
 from aiflame import __version__
 from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.gpu_code import launched_cubins
-from aiflame.agent.procmaps import BuildIdCache, read_process
+from aiflame.agent.procmaps import BuildIdCache, read_maps, read_process
 from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.records import RecKind
 from aiflame.agent.runtimes import all_runtimes
@@ -447,22 +447,8 @@ class Session:
 
 def _maps_unchanged(pid: int, snap: ProcessSnapshot) -> bool:
     """True when every executable mapping of `pid` is already in `snap` (cheap: no build ids read)."""
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            text = f.read()
-    except OSError:
-        return True
     known = {(m.start, m.end) for m in snap.mappings}
-    for line in text.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) >= 2 and "x" in parts[1]:
-            lo, _, hi = parts[0].partition("-")
-            try:
-                if (int(lo, 16), int(hi, 16)) not in known:
-                    return False
-            except ValueError:
-                continue
-    return True
+    return all((lo, hi) in known for lo, hi, perms, *_ in read_maps(pid) or [] if "x" in perms)
 
 
 def _is_thread(tid: int) -> bool:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
+from aiflame.agent.procmaps import read_maps
 from aiflame.raw import GpuCode, RawEvent, RawPyFrame
 
 V = TypeVar("V")
@@ -107,22 +108,9 @@ class ProcessMemory:
 
     def file_of(self, pid: int, addr: int) -> tuple[str, int] | None:
         """The file and file offset mapped at `addr` in `pid` (any permissions), None for anonymous memory."""
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            parts = line.split(None, 5)
-            if len(parts) < 6 or not parts[5].startswith("/"):
-                continue
-            lo, _, hi = parts[0].partition("-")
-            try:
-                start, end, off = int(lo, 16), int(hi, 16), int(parts[2], 16)
-            except ValueError:
-                continue
-            if start <= addr < end:
-                return parts[5].strip().removesuffix(" (deleted)"), addr - start + off
+        for start, end, _perms, off, _dev, _inode, path in read_maps(pid) or []:
+            if start <= addr < end and path.startswith("/"):
+                return path.removesuffix(" (deleted)"), addr - start + off
         return None
 
     def read_u64(self, pid: int, addr: int) -> int | None:

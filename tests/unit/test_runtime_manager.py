@@ -183,3 +183,6 @@ def test_process_memory_reads_our_own_process() -> None:
     assert mem.read_cstr(os.getpid(), ctypes.addressof(buf)) == "hello aiflame"
     assert mem.read(os.getpid(), 0, 8) is None
     assert mem.file_of(os.getpid(), ctypes.addressof(buf)) is None  # heap: anonymous
+    libc = ctypes.CDLL(None)
+    where = mem.file_of(os.getpid(), ctypes.cast(libc.getpid, ctypes.c_void_p).value or 0)
+    assert where is not None and "libc.so" in where[0] and where[1] > 0
