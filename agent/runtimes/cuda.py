@@ -29,10 +29,10 @@ from aiflame.agent.runtimes.base import (
     drop_pid,
 )
 from aiflame.raw import GpuCode, RawEvent
+from aiflame.symbolize.fatbin import FATBIN_MAGIC, FatbinError, fatbin_size
 
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
 MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}
-FATBIN_MAGIC = 0xBA55ED50
 MAX_MODULE_BYTES = 512 << 20
 STR_MAX = 128  # AIFLAME_CALL_STR: a string this long (with its NUL) may have been cut
 
@@ -109,8 +109,10 @@ def code_object_size(head: bytes) -> tuple[str, int] | None:
     """Kind and total size of a code object from its first 64 bytes: a fatbin (header + entries) or an ELF
     cubin (the section header table ends it)."""
     if len(head) >= 16 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC:
-        hsize, size = struct.unpack_from("<HQ", head, 6)
-        return "fatbin", hsize + size
+        try:
+            return "fatbin", fatbin_size(head[:16])
+        except FatbinError:
+            return None
     if len(head) >= 64 and head[:4] == b"\x7fELF" and head[4] == 2:
         shoff, = struct.unpack_from("<Q", head, 0x28)
         shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
