@@ -113,11 +113,10 @@ def symbolize_capture(
     kcache: dict[int, Frame] = {}
     event_stacks: list[Stack] = []
     for n, s in enumerate(raws):
-        if n >= len(cap.samples) + len(event_raws):
-            idx = index.get(s.pid)
+        idx = index.get(s.pid)
+        if n >= len(cap.samples) + len(event_raws):  # a kernel's host address: its frame alone
             event_stacks.append(tuple(_user_frames(s, idx, located, names)))
             continue
-        idx = index.get(s.pid)
         frames: list[Frame] = []
         if opts.group in ("process", "thread"):
             frames.append(Frame((idx.comm if idx and idx.comm else s.comm) or str(s.pid), FrameKind.PROCESS))
