@@ -32,6 +32,17 @@ BPF_ARRAY(layout_sample, struct sample_rec, 1);
 BPF_ARRAY(layout_proc, struct proc_rec, 1);
 BPF_ARRAY(layout_py_proc, struct py_proc, 1);
 
+/* The common head of sample, call, return and open records: kind, cpu, time, pid (tgid) and tid from `id`
+ * (bpf_get_current_pid_tgid()). */
+#define FILL_HEAD(rec, rec_kind, id)                      \
+    do {                                                  \
+        (rec)->kind = (rec_kind);                         \
+        (rec)->cpu = bpf_get_smp_processor_id();          \
+        (rec)->time_ns = bpf_ktime_get_ns();              \
+        (rec)->pid = (id) >> 32;                          \
+        (rec)->tid = (u32)(id);                           \
+    } while (0)
+
 static __always_inline void count(u32 idx) {
     u64 *v = counters.lookup(&idx);
     if (v)
@@ -176,11 +187,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
     struct sample_rec *rec = sample_scratch.lookup(&zero);
     if (!rec)
         return 0;
-    rec->kind = REC_SAMPLE;
-    rec->cpu = bpf_get_smp_processor_id();
-    rec->time_ns = bpf_ktime_get_ns();
-    rec->pid = tgid;
-    rec->tid = (u32)id;
+    FILL_HEAD(rec, REC_SAMPLE, id);
     bpf_get_current_comm(rec->comm, sizeof(rec->comm));
     rec->user_len = bpf_get_stack(ctx, rec->data, AIFLAME_MAX_STACK * 8, BPF_F_USER_STACK);
     if (rec->user_len < 0)

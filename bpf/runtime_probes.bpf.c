@@ -39,11 +39,7 @@ int on_call(struct pt_regs *ctx) {
     struct call_rec *rec = call_scratch.lookup(&zero);
     if (!spec || !rec)
         return 0;
-    rec->kind = REC_CALL;
-    rec->cpu = bpf_get_smp_processor_id();
-    rec->time_ns = bpf_ktime_get_ns();
-    rec->pid = tgid;
-    rec->tid = (u32)id;
+    FILL_HEAD(rec, REC_CALL, id);
     rec->probe = probe;
     rec->args[0] = ctx->di;
     rec->args[1] = ctx->si;
@@ -119,11 +115,7 @@ int on_ret(struct pt_regs *ctx) {
         count(CNT_CALL_LOST);
         return 0;
     }
-    rec->kind = REC_RET;
-    rec->cpu = bpf_get_smp_processor_id();
-    rec->time_ns = bpf_ktime_get_ns();
-    rec->pid = tgid;
-    rec->tid = (u32)id;
+    FILL_HEAD(rec, REC_RET, id);
     rec->probe = probe;
     rec->ret = ctx->ax;
     rec->out = 0;
@@ -173,11 +165,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
     u64 h = library_hash(rec->path, &is_so);
     if (!is_so || libs_seen.lookup(&h))
         return 0;
-    rec->kind = REC_OPEN;
-    rec->cpu = bpf_get_smp_processor_id();
-    rec->time_ns = bpf_ktime_get_ns();
-    rec->pid = tgid;
-    rec->tid = (u32)id;
+    FILL_HEAD(rec, REC_OPEN, id);
     if (events.ringbuf_output(rec, sizeof(*rec), BPF_RB_FORCE_WAKEUP) != 0) {
         count(CNT_OPEN_LOST);
         return 0;
