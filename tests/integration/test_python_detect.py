@@ -17,14 +17,8 @@ import pytest
 
 from aiflame.agent.python.detect import PythonUnsupported, detect_python, python_threads, read_python_stack
 from aiflame.symbolize.python_code import CodeResolver, ProcessMemory, line_for
+from tests.conftest import INTERPRETERS
 
-INTERPRETERS = [
-    "/root/.pyenv/versions/3.10.13/bin/python",
-    "/root/.pyenv/versions/3.11.7/bin/python",
-    "/root/.pyenv/versions/3.12.1/bin/python",
-    "/root/.pyenv/versions/3.13.0/bin/python",
-    "/usr/bin/python3",
-]
 UNSUPPORTED = "/root/.pyenv/versions/3.9.18/bin/python"
 
 # The main thread blocks in readline() on the CALL of line `waiter + 2`; the next instruction (STORE_FAST)

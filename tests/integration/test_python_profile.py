@@ -11,16 +11,9 @@ import pytest
 from aiflame.agent.capture import read_capture
 from aiflame.model import FrameKind
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
-from tests.conftest import REPO
+from tests.conftest import INTERPRETERS, REPO
 from tests.integration.conftest import aiflame
 
-INTERPRETERS = [
-    "/root/.pyenv/versions/3.10.13/bin/python",
-    "/root/.pyenv/versions/3.11.7/bin/python",
-    "/root/.pyenv/versions/3.12.1/bin/python",
-    "/root/.pyenv/versions/3.13.0/bin/python",
-    "/usr/bin/python3",
-]
 SCRIPT = REPO / "examples" / "py_split.py"
 HOT_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "HOT LINE" in line)
 THREAD_ROOTS = {"<module>", "Thread._bootstrap", "_bootstrap"}

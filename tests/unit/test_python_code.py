@@ -25,16 +25,10 @@ from aiflame.symbolize.python_code import (
     decode_unicode,
     line_for,
 )
+from tests.conftest import INTERPRETERS
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-INTERPRETERS = [
-    "/root/.pyenv/versions/3.10.13/bin/python",
-    "/root/.pyenv/versions/3.11.7/bin/python",
-    "/root/.pyenv/versions/3.12.1/bin/python",
-    "/root/.pyenv/versions/3.13.0/bin/python",
-    "/usr/bin/python3",
-]
 
 # Runs in the child. Prints one JSON line describing code objects (address, names, the line of every code
 # unit as the interpreter itself computes it), then keeps them alive until stdin closes.
