@@ -14,9 +14,10 @@ setup: ## install Debian BCC + headers, link headers, mount tracefs, create .ven
 examples: setup ## build the bundled example workloads (examples/bin/)
 	@$(MAKE) -s -C examples
 
-demo: setup examples ## profile the bundled mini inference loop for 5 s and write a flame graph
-	$(PY) -m aiflame profile -F 199 -o out/demo -- examples/bin/mini_infer 5
-	@echo "open out/demo/profile.svg in a browser"
+demo: setup examples ## profile a 2-rank gloo DDP training job: flame graph, Chakra traces, balance report
+	$(PY) -m aiflame profile -F 199 -o out/demo --formats folded,svg,chakra -- $(PY) examples/ddp_gloo.py --steps 10
+	$(PY) -m aiflame report comm out/demo/profile.aiflame --plot out/demo/comm.svg
+	@echo "open out/demo/profile.svg and out/demo/comm.svg in a browser; Chakra traces: out/demo/profile.<rank>.et"
 
 lint: setup ## ruff and mypy
 	$(PY) -m ruff check aiflame agent symbolize exporters tests bench scripts
@@ -32,6 +33,7 @@ bench: setup examples ## benchmarks (minutes); results go to bench/results/ and 
 
 proto: setup ## regenerate agent/aiflame_capture_pb2.py from the schema
 	$(PY) -m grpc_tools.protoc -Iagent --python_out=agent --pyi_out=agent agent/aiflame_capture.proto
+	$(PY) -m grpc_tools.protoc -Iexporters --python_out=exporters --pyi_out=exporters exporters/pprof.proto
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf out build *.egg-info .mypy_cache .ruff_cache .pytest_cache

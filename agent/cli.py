@@ -14,23 +14,30 @@ from rich.markup import escape
 
 from aiflame import __version__
 from aiflame.agent.capture import MAGIC, CaptureError, read_capture
+from aiflame.agent.report_cmd import ReportError
 from aiflame.agent.sampler import SamplerConfig, SamplerError, bpf_source
 from aiflame.agent.session import Session, SessionConfig, SessionError, SessionStats
 from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
 from aiflame.exporters.base import ExportError
+from aiflame.exporters.chakra import node_types, write_traces
 from aiflame.exporters.folded import parse_folded
+from aiflame.exporters.obfuscate import ObfuscateError
 from aiflame.model import EventKind, Profile
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.events import launch_profile
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
-USER_ERRORS = (CaptureError, SamplerError, SessionError, ExportError, SymbolizeError)
+USER_ERRORS = (CaptureError, SamplerError, SessionError, ExportError, SymbolizeError, ObfuscateError, ReportError)
+CHAKRA = "chakra"  # several files (one per rank), so not an Exporter of the registry
+FORMATS = (*REGISTRY, CHAKRA)
 
 EXAMPLES = """examples:
   aiflame profile --pid 1234 -d 30            profile a running process for 30 s
   aiflame profile -F 999 -- ./train.sh --fast start a command and profile it until it exits
   aiflame export out/profile.aiflame --format speedscope -o prof.json
+  aiflame export out/profile.aiflame --format chakra -o traces/job   one traces/job.<rank>.et per rank
+  aiflame report comm out/profile.aiflame     collectives per rank, imbalance flagged, plot
   aiflame render out/profile.folded -o flame.svg --opt title="my job"
   aiflame doctor                              what this host supports
 """
@@ -93,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-o", "--output", type=Path, help="output directory (default ./aiflame-YYYYmmdd-HHMMSS)")
     out.add_argument("--formats", default="folded,svg",
                      help=f"exports written next to the capture, comma-separated (default folded,svg; "
-                          f"known: {', '.join(REGISTRY)})")
+                          f"known: {', '.join(FORMATS)})")
     out.add_argument("--title", help="flame graph title")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress line or summary")
     out.add_argument("--print-bpf", action="store_true", help="print the BPF program as compiled and exit")
@@ -104,8 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="re-export a saved capture in another format")
     e.add_argument("capture", type=Path, help="a .aiflame capture file")
-    e.add_argument("-f", "--format", required=True, help=f"one of: {', '.join(REGISTRY)}")
-    e.add_argument("-o", "--output", type=Path, help="output file (default: capture name + extension)")
+    e.add_argument("-f", "--format", required=True, help=f"one of: {', '.join(FORMATS)}")
+    e.add_argument("-o", "--output", type=Path,
+                   help="output file (default: capture name + extension); for chakra a prefix: PREFIX.<rank>.et")
+    e.add_argument("--obfuscate", action="store_true",
+                   help="replace function, kernel, file and process names with stable keyed hashes (for sharing)")
+    e.add_argument("--key-file", type=Path, metavar="PATH",
+                   help="obfuscation key, made (0600) if absent; it stays on this host "
+                        "(default ~/.config/aiflame/obfuscate.key)")
     e.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                    help="exporter option, repeatable (e.g. --opt minwidth=0.5)")
     _add_view_options(e)
@@ -119,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     from aiflame.agent import gpu_symbols_cmd
 
     gpu_symbols_cmd.add_parser(sub)
+    from aiflame.agent import report_cmd
+
+    report_cmd.add_parser(sub)
     sub.add_parser("doctor", help="check what this host supports and what to fix")
     return parser
 
@@ -172,8 +188,8 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
         return _fail(console, "nothing to profile: give --pid PID or -- CMD ARGS", 2)
     formats = [f for f in args.formats.split(",") if f]
     for f in formats:
-        if f not in REGISTRY:
-            return _fail(console, f"unknown format {f!r} (known: {', '.join(REGISTRY)})", 2)
+        if f not in FORMATS:
+            return _fail(console, f"unknown format {f!r} (known: {', '.join(FORMATS)})", 2)
     out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
     cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
                         sampler=sampler, argv=["aiflame", *argv], runtimes=not args.no_runtimes)
@@ -190,7 +206,13 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     if launches.samples:  # the launch view: which CPU stacks launched which kernels
         views.append(("launches", launches, f"{launches.total_weight} kernel launches"))
     for prefix, view, what in views:
+        if CHAKRA in formats and view is prof and any(e.kind != EventKind.OTHER for e in prof.events):
+            files, traces = write_traces(prof, out_dir / prefix)
+            written.extend(files)
+            result.warnings.extend(f"chakra: {w}" for w in traces.warnings)
         for name in formats:
+            if name == CHAKRA:
+                continue
             options: dict[str, object] = {}
             if name == "svg":
                 options["title"] = args.title or f"aiflame: {target}" + (" (launches)" if view is launches else "")
@@ -240,18 +262,59 @@ class _Progress:
                                 f"processes {s.pids}  (Ctrl-C to stop)")
 
 
+def _obfuscated(prof: Profile, args: argparse.Namespace) -> Profile:
+    from aiflame.exporters.obfuscate import Obfuscator, default_key_path, load_key
+
+    return Obfuscator(load_key(args.key_file or default_key_path())).profile(prof)
+
+
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    if args.format not in REGISTRY:
-        return _fail(console, f"unknown format {args.format!r} (known: {', '.join(REGISTRY)})", 2)
+    if args.format not in FORMATS:
+        return _fail(console, f"unknown format {args.format!r} (known: {', '.join(FORMATS)})", 2)
+    if args.format == CHAKRA:
+        return _export_chakra(args, console)
     cls = REGISTRY[args.format]
     exporter = get_exporter(args.format, **parse_option_values(cls, args.opt))
     prof = _load_profile(args.capture, args)
+    if args.obfuscate:
+        prof = _obfuscated(prof, args)
     out = args.output or args.capture.with_suffix(cls.extension)
     try:
         exporter.write(prof, out)
     except OSError as e:
         raise ExportError(f"cannot write {out}: {e.strerror}") from None
     console.print(f"wrote {out} ({prof.total_weight} samples)", highlight=False)
+    return 0
+
+
+def _export_chakra(args: argparse.Namespace, console: Console) -> int:
+    if args.opt:
+        return _fail(console, "format chakra has no options", 2)
+    if args.view != "cpu":
+        return _fail(console, "format chakra takes the whole capture (no --view)", 2)
+    prof = _load_profile(args.capture, args)
+    if args.obfuscate:
+        prof = _obfuscated(prof, args)
+    files, traces = write_traces(prof, args.output or args.capture.with_suffix(""))
+    for w in traces.warnings:
+        Console(stderr=True).print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+    for path, (rank, t) in zip(files, sorted(traces.ranks.items()), strict=True):
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(node_types(t.nodes).items()))
+        console.print(f"wrote {path} (rank {rank}: {kinds})", highlight=False)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from aiflame.agent.report_cmd import report_comm
+
+    if args.threshold < 0 or args.time_threshold < 0:
+        return _fail(console, "thresholds must be >= 0", 2)
+    args.cmd, args.view = "export", "cpu"  # a capture, never a folded file
+    args.group, args.no_kernel, args.python, args.debug_dir = "process", False, "merged", []
+    prof = _load_profile(args.capture, args)
+    plot = None if args.no_plot else (args.plot or args.capture.with_suffix(".comm.svg"))
+    report_comm(prof, console, args.threshold, args.time_threshold, plot,
+                title=f"Collective bytes per rank: {prof.meta.get('target', args.capture.name)}")
     return 0
 
 
@@ -279,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_export(args, console)
         if args.cmd == "render":
             return cmd_render(args, console)
+        if args.cmd == "report":
+            return cmd_report(args, console)
         if args.cmd == "gpu-symbols":
             from aiflame.agent import gpu_symbols_cmd
 

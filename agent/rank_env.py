@@ -1,0 +1,45 @@
+"""A process's place in a distributed job as its launcher wrote it into the environment (torchrun, mpirun, Slurm
+wrappers set `RANK`/`WORLD_SIZE`, often `LOCAL_RANK`): the fallback when no runtime probe saw the rank."""
+
+from __future__ import annotations
+
+from aiflame.raw import RawEvent
+
+RUNTIME = "env"
+MAX_ENVIRON = 1 << 20  # a larger environment is not read (the kernel caps it near this anyway)
+MAX_WORLD = 1 << 20
+# environment variable -> the RawEvent arg it becomes
+VARIABLES = {"RANK": "rank", "WORLD_SIZE": "world_size", "LOCAL_RANK": "local_rank",
+             "LOCAL_WORLD_SIZE": "local_world_size"}
+
+
+def parse_environ(data: bytes) -> dict[str, int]:
+    """The rank variables found in a NUL-separated environment block (`/proc/PID/environ`), as RawEvent args.
+    Values that are not small non-negative integers are ignored; a rank without a world size it fits is
+    dropped, so a stray `RANK=7` never places a process."""
+    out: dict[str, int] = {}
+    for item in data[:MAX_ENVIRON].split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        name = VARIABLES.get(key.decode("ascii", "replace")) if sep else None
+        if name is None or not value.isdigit() or len(value) > 8:
+            continue
+        out[name] = int(value)
+    for rank, size in (("rank", "world_size"), ("local_rank", "local_world_size")):
+        if rank in out and not 0 <= out[rank] < out.get(size, 0) <= MAX_WORLD:
+            out.pop(rank)
+            out.pop(size, None)
+    if "rank" not in out:
+        out.pop("world_size", None)
+    return out
+
+
+def rank_event(pid: int, time_ns: int) -> RawEvent | None:
+    """A "meta" event with the process's rank and world size from its environment, None when it has none."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            args = parse_environ(f.read(MAX_ENVIRON))
+    except OSError:
+        return None
+    if "rank" not in args:
+        return None
+    return RawEvent(RUNTIME, "environ", "meta", pid, pid, time_ns, args=args)
