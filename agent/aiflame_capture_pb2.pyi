@@ -225,6 +225,36 @@ class GpuCode(_message.Message):
     data: bytes
     def __init__(self, digest: _Optional[str] = ..., kind: _Optional[str] = ..., arch: _Optional[int] = ..., origin: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class StallSample(_message.Message):
+    __slots__ = ("source", "pid", "device", "code", "kernel", "offset", "reason", "count", "correlation_id", "time_ns")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    pid: int
+    device: int
+    code: str
+    kernel: str
+    offset: int
+    reason: str
+    count: int
+    correlation_id: int
+    time_ns: int
+    def __init__(self, source: _Optional[str] = ..., pid: _Optional[int] = ..., device: _Optional[int] = ..., code: _Optional[str] = ..., kernel: _Optional[str] = ..., offset: _Optional[int] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ..., correlation_id: _Optional[int] = ..., time_ns: _Optional[int] = ...) -> None: ...
+
+class StallSamples(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[StallSample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[StallSample, _Mapping]]] = ...) -> None: ...
+
 class Footer(_message.Message):
     __slots__ = ("end_wall_ns", "end_mono_ns", "samples", "counters", "stop_reason", "agent_cpu_s")
     class CountersEntry(_message.Message):
@@ -249,7 +279,7 @@ class Footer(_message.Message):
     def __init__(self, end_wall_ns: _Optional[int] = ..., end_mono_ns: _Optional[int] = ..., samples: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., stop_reason: _Optional[str] = ..., agent_cpu_s: _Optional[float] = ...) -> None: ...
 
 class Record(_message.Message):
-    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer", "py_code", "py_runtime", "event", "gpu_code")
+    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer", "py_code", "py_runtime", "event", "gpu_code", "stalls")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +289,7 @@ class Record(_message.Message):
     PY_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     GPU_CODE_FIELD_NUMBER: _ClassVar[int]
+    STALLS_FIELD_NUMBER: _ClassVar[int]
     header: Header
     sample: Sample
     process: Process
@@ -268,4 +299,5 @@ class Record(_message.Message):
     py_runtime: PyRuntime
     event: Event
     gpu_code: GpuCode
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ..., py_code: _Optional[_Union[PyCode, _Mapping]] = ..., py_runtime: _Optional[_Union[PyRuntime, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., gpu_code: _Optional[_Union[GpuCode, _Mapping]] = ...) -> None: ...
+    stalls: StallSamples
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ..., py_code: _Optional[_Union[PyCode, _Mapping]] = ..., py_runtime: _Optional[_Union[PyRuntime, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., gpu_code: _Optional[_Union[GpuCode, _Mapping]] = ..., stalls: _Optional[_Union[StallSamples, _Mapping]] = ...) -> None: ...

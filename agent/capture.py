@@ -26,6 +26,7 @@ from aiflame.raw import (
     RawEvent,
     RawPyFrame,
     RawSample,
+    RawStallSample,
 )
 
 MAGIC = b"AIFLCAP\n"
@@ -105,6 +106,20 @@ def event_from_pb(m: pb.Event) -> RawEvent:
     )
 
 
+def stall_to_pb(s: RawStallSample) -> pb.StallSample:
+    return pb.StallSample(source=s.source, pid=s.pid, device=s.device, code=s.code, kernel=s.kernel,
+                          offset=s.offset, reason=s.reason, count=s.count, correlation_id=s.correlation_id,
+                          time_ns=s.time_ns)
+
+
+def stall_from_pb(m: pb.StallSample) -> RawStallSample:
+    return RawStallSample(m.source, m.pid, m.device, m.code, m.kernel, m.offset, m.reason, m.count,
+                          m.correlation_id, m.time_ns)
+
+
+STALL_BATCH = 4096  # samples per StallSamples record: bounded records, little framing
+
+
 class CaptureWriter:
     """Streams records to `path` (written as `path.partial`, renamed on close so readers never see half a file)."""
 
@@ -118,6 +133,7 @@ class CaptureWriter:
         self._f.write(MAGIC)
         self.samples_written = 0
         self.events_written = 0
+        self.stalls_written = 0
         self._gpu_digests: set[str] = set()
         self._write(pb.Record(header=header_to_pb(header)))
 
@@ -135,6 +151,19 @@ class CaptureWriter:
         for e in events:
             self._write(pb.Record(event=event_to_pb(e)))
             self.events_written += 1
+
+    def add_stalls(self, samples: Iterable[RawStallSample]) -> None:
+        """Store accelerator stall samples (batched into StallSamples records)."""
+        batch = pb.StallSamples()
+        for s in samples:
+            batch.samples.append(stall_to_pb(s))
+            if len(batch.samples) >= STALL_BATCH:
+                self._write(pb.Record(stalls=batch))
+                self.stalls_written += len(batch.samples)
+                batch = pb.StallSamples()
+        if batch.samples:
+            self._write(pb.Record(stalls=batch))
+            self.stalls_written += len(batch.samples)
 
     def add_gpu_code(self, c: GpuCode) -> bool:
         """Store a code object once per digest; False when it was already there."""
@@ -190,6 +219,7 @@ def write_capture(path: Path, cap: Capture) -> None:
     w.add_events(cap.events)
     for g in cap.gpu_code:
         w.add_gpu_code(g)
+    w.add_stalls(cap.stalls)
     if cap.kernel_symbols:
         w.add_kernel_symbols(cap.kernel_symbols)
     w.close(cap.footer or CaptureFooter())
@@ -283,6 +313,8 @@ def read_capture(path: Path) -> Capture:
         elif which == "gpu_code":
             g = rec.gpu_code
             cap.gpu_code.append(GpuCode(g.digest, g.kind, g.arch, g.origin, bytes(g.data)))
+        elif which == "stalls":
+            cap.stalls.extend(stall_from_pb(m) for m in rec.stalls.samples)
         elif which == "kernel_symbols":
             cap.kernel_symbols.update((k.addr, k.name) for k in rec.kernel_symbols.symbols)
         elif which == "footer":

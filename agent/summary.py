@@ -19,7 +19,8 @@ def _short_stack(names: list[str], width: int = 90) -> str:
 
 
 def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: float | None = None,
-                  elapsed_s: float | None = None) -> None:
+                  elapsed_s: float | None = None, stalls: Profile | None = None) -> None:
+    """Print the summary of `prof` (CPU samples and runtime events) and, when given, of its stall view."""
     total = prof.total_weight
     if total == 0:
         console.print("[yellow]no samples collected[/] (was the target on CPU?)")
@@ -74,6 +75,10 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
         from aiflame.agent.summary_events import print_events
 
         print_events(console, prof, top=top)
+    if stalls is not None and (stalls.samples or stalls.counters):
+        from aiflame.agent.summary_events import print_stalls
+
+        print_stalls(console, stalls, top=top)
     if c.get("calls") or c.get("call_lost"):
         console.print(f"runtime calls probed {c.get('calls', 0)}  lost {c.get('call_lost', 0)}  "
                       f"returns lost {c.get('returns_lost', 0)}")

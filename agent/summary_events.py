@@ -110,3 +110,57 @@ def print_events(console: Console, prof: Profile, top: int = 10, stacks_per_kern
         for (label, name), x in sorted(by_rank.items(), key=lambda kv: (order[kv[0][0]], kv[0])):
             t.add_row(label, escape(name), str(x.calls), _bytes(x.bytes), _ms(x.ns))
         console.print(t)
+
+
+_STALL_COUNTERS = (
+    ("stall_unknown_launch", "under [unknown launch] (kernel never seen launched)"),
+    ("stall_unknown_kernel", "of an unknown kernel"),
+    ("stall_xe_unmapped", "at Xe IPs no launched kernel covers"),
+    ("stall_no_source", "without a source line (no code object or line info)"),
+    ("stall_shared_by_launches", "shared over several launch stacks"),
+    ("stall_by_correlation", "attributed by correlation id"),
+)
+
+
+def _gpu_part(stack: Stack) -> Stack:
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i].kind == FrameKind.SEPARATOR:
+            return stack[i + 1:]
+    return ()
+
+
+def print_stalls(console: Console, stalls: Profile, top: int = 10, per_kernel: int = 3) -> None:
+    """Top kernels by stall samples with their dominant stall reasons and hottest instructions, then every
+    fallback and drop counted by the merge and the collectors (counters starting stall_, cupti, xe_, rocprof)."""
+    total = stalls.total_weight
+    by_kernel: Counter[str] = Counter()
+    reasons: dict[str, Counter[str]] = defaultdict(Counter)
+    insns: dict[str, Counter[str]] = defaultdict(Counter)
+    for s in stalls.samples:
+        gpu = _gpu_part(s.stack)
+        if len(gpu) < 4:
+            continue
+        kernel, src, insn, reason = gpu[0].name, gpu[1].name, gpu[2].name, gpu[3].name
+        by_kernel[kernel] += s.weight
+        reasons[kernel][reason] += s.weight
+        insns[kernel][f"{insn}  ({src})"] += s.weight
+    if total:
+        t = Table(title=f"Kernels by stall samples ({total} stall samples)", title_justify="left")
+        t.add_column("stalls", justify="right")
+        t.add_column("%", justify="right")
+        t.add_column("kernel")
+        t.add_column("dominant stall reasons")
+        t.add_column("hottest instructions")
+        for name, n in by_kernel.most_common(top):
+            rs = ", ".join(f"{r} {100 * c / n:.0f}%" for r, c in reasons[name].most_common(per_kernel))
+            hot = "\n".join(f"{c}× {i}" for i, c in insns[name].most_common(per_kernel))
+            t.add_row(str(n), f"{100 * n / total:.1f}", escape(name), escape(rs), escape(hot))
+        console.print(t)
+    c = stalls.counters
+    parts = [f"{c[k]} {what}" for k, what in _STALL_COUNTERS if c.get(k)]
+    drops = sorted((k, v) for k, v in c.items() if v and k.startswith(("stall_", "cupti", "xe_", "rocprof"))
+                   and k not in dict(_STALL_COUNTERS) and k != "stall_samples")
+    if parts:
+        console.print("stall samples: " + "; ".join(parts), highlight=False)
+    if drops:
+        console.print("accelerator sampling counters: " + "  ".join(f"{k} {v}" for k, v in drops), highlight=False)

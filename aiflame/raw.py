@@ -131,6 +131,22 @@ class GpuCode:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class RawStallSample:
+    """Stall samples an accelerator's sampler reported at one instruction of one kernel."""
+
+    source: str  # "cupti", "xe", "rocprof"
+    pid: int  # host process whose kernel it was (0: unknown, e.g. a device-wide stream not yet mapped)
+    device: int  # device ordinal, -1 unknown
+    code: str  # digest of the kernel's code object as stored in the capture's GpuCode records; "" unknown
+    kernel: str  # function name as the vendor reports it (mangled), "" when only code+offset/ip is known
+    offset: int  # byte offset of the instruction inside the kernel function; for Xe before mapping: the raw IP
+    reason: str  # stall reason name in the vendor's vocabulary, e.g. "smsp__pcsamp_warps_issue_stalled_long_scoreboard"
+    count: int  # samples
+    correlation_id: int = 0  # the vendor's launch correlation id, 0 when none
+    time_ns: int = 0  # CLOCK_MONOTONIC of the sample or its batch, 0 unknown
+
+
 @dataclass(slots=True)
 class CaptureHeader:
     format_version: int
@@ -169,4 +185,5 @@ class Capture:
     py_runtimes: list[PyRuntimeInfo] = field(default_factory=list)
     events: list[RawEvent] = field(default_factory=list)
     gpu_code: list[GpuCode] = field(default_factory=list)
+    stalls: list[RawStallSample] = field(default_factory=list)
     footer: CaptureFooter | None = None

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from .base import Exporter, ExportError, Option, frame_label
 from .folded import FoldedExporter
+from .pprof import PprofExporter
 from .speedscope import SpeedscopeExporter
 from .svg import SvgExporter
 
@@ -25,6 +26,7 @@ REGISTRY: dict[str, type[Exporter]] = {
         FoldedExporter,
         SvgExporter,
         SpeedscopeExporter,
+        PprofExporter,
     )
 }
 

@@ -1,4 +1,5 @@
-// Interactive behaviour of aiflame's flame graph SVGs: details on hover, click to zoom, regex search.
+// Interactive behaviour of aiflame's flame graph SVGs: details on hover, click to zoom, regex search
+// (with the share of samples matched), and `globalThis.aiflame`, the same actions for scripts.
 // exporters/svg.py embeds this file in every SVG and then calls aiflameInit(config) with the layout
 // constants it used. Each frame is <g class="f" data-samples=N><title/><rect/><text/></g>; the frame's
 // label is its title minus the " (N unit, P%)" suffix.
@@ -191,6 +192,26 @@ function aiflameInit(config) {
     else promptSearch();
   });
   caseButton.addEventListener("click", toggleCase);
+  // The same actions for scripts (the browser test drives these; users may call them from the console).
+  globalThis.aiflame = {
+    search: search,
+    resetSearch: resetSearch,
+    toggleCase: toggleCase,
+    unzoom: unzoom,
+    zoomTo: (label) => {
+      const f = frames.find((r) => r.label === label);
+      if (f) zoom(f);
+      return Boolean(f);
+    },
+    matched: () => matchedText.textContent,
+    visible: () => frames.filter((f) => !f.g.classList.contains("hide")).map((f) => ({
+      label: f.label,
+      x: parseFloat(f.rect.getAttribute("x")),
+      w: parseFloat(f.rect.getAttribute("width")),
+      y: f.y,
+      fill: f.rect.getAttribute("fill"),
+    })),
+  };
   document.addEventListener("keydown", (e) => {
     const key = e.key;
     if (((e.ctrlKey || e.metaKey) && (key === "f" || key === "F")) || key === "F3") {

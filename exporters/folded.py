@@ -27,14 +27,30 @@ def with_separator(stack: Stack) -> Stack:
     return (*stack[:start], SEPARATOR, *stack[start:])
 
 
+# Upstream flamegraph.pl has no gpu palette; its java palette draws `_[j]` green and `_[i]` aqua, which are the
+# AI palette's colours for accelerator instructions/stall reasons and accelerator source/kernels.
+_JAVA_SUFFIXES = {"_[G]": "_[i]", "_[g]": "_[j]"}
+PALETTES = ("gpu", "java")
+
+
+def _java_label(label: str) -> str:
+    tail = label[-4:]
+    return label[:-4] + _JAVA_SUFFIXES[tail] if tail in _JAVA_SUFFIXES else label
+
+
 def folded_lines(
-    stacks: Iterable[tuple[Stack, int]], lines: bool = False, separator: bool = False
+    stacks: Iterable[tuple[Stack, int]], lines: bool = False, separator: bool = False, palette: str = "gpu"
 ) -> list[str]:
-    """Folded lines (without newlines), merged by label text and sorted; non-positive counts are dropped."""
+    """Folded lines (without newlines), merged by label text and sorted; non-positive counts are dropped.
+
+    `palette` "gpu" writes iaprof's `_[G]`/`_[g]` annotations (`flamegraph.pl --colors=gpu` of Intel's fork);
+    "java" writes `_[i]`/`_[j]` instead, so stock `flamegraph.pl --colors=java` colours the layers right."""
     labeler = StackLabeler(lines)
     counts: dict[str, int] = {}
+    java = palette == "java"
     for stack, weight in stacks:
-        text = ";".join(labeler.labels(with_separator(stack) if separator else stack))
+        labels = labeler.labels(with_separator(stack) if separator else stack)
+        text = ";".join(map(_java_label, labels) if java else labels)
         counts[text] = counts.get(text, 0) + weight
     return [f"{text} {count}" for text, count in sorted(counts.items()) if count > 0]
 
@@ -48,14 +64,19 @@ class FoldedExporter(Exporter):
     options = (
         Option("lines", bool, False, "append [file:line] to native frames when known"),
         Option("separator", bool, False, "insert a '-' frame between user and kernel frames"),
+        Option("palette", str, "gpu", "accelerator annotations: gpu (_[G]/_[g], iaprof's --colors=gpu) or java "
+               "(_[i]/_[j], stock flamegraph.pl --colors=java)"),
     )
 
-    def __init__(self, lines: bool = False, separator: bool = False) -> None:
+    def __init__(self, lines: bool = False, separator: bool = False, palette: str = "gpu") -> None:
+        if palette not in PALETTES:
+            raise ExportError(f"option palette: expected one of {', '.join(PALETTES)}, got {palette!r}")
         self.lines = lines
         self.separator = separator
+        self.palette = palette
 
     def render(self, profile: Profile) -> bytes:
-        out = folded_lines(((s.stack, s.weight) for s in profile.samples), self.lines, self.separator)
+        out = folded_lines(((s.stack, s.weight) for s in profile.samples), self.lines, self.separator, self.palette)
         text = "".join(line + "\n" for line in out)
         # Names come from arbitrary binaries; a stray surrogate must not abort the export.
         return text.encode("utf-8", errors="replace")

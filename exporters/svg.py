@@ -11,6 +11,10 @@ Colours by frame kind (hue varies deterministically with the label inside each k
     separator `-`             grey               unknown                light grey
     process / thread root     purple             `all`                  pale blue-grey
 Search matches are drawn magenta.
+
+Differential (`baseline`): widths and layout come from the profile rendered (the "after" one), colours from the
+change of each frame's weight against the baseline (scaled to the same total unless `normalize` is off): red
+grew, blue shrank, white unchanged, deeper for larger changes (FlameGraph's difffolded.pl convention).
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ class _Placed:
     depth: int
     x: float
     width: float
+    first: int = 0  # index of the first label stack under this frame: its path is keys[first][:depth]
 
 
 _Labels = tuple[str, ...]
@@ -146,10 +151,10 @@ def _layout(
         lo, hi, depth, offset = todo.pop()
         weight = cum[hi] - cum[lo]
         if depth == 0:
-            placed.append(_Placed("all", None, weight, 0, XPAD, weight * scale))
+            placed.append(_Placed("all", None, weight, 0, XPAD, weight * scale, lo))
         else:
             label, kind = keys[lo][depth - 1], kinds[lo][depth - 1]
-            placed.append(_Placed(label, kind, weight, depth, XPAD + offset * scale, weight * scale))
+            placed.append(_Placed(label, kind, weight, depth, XPAD + offset * scale, weight * scale, lo))
         # Stacks are distinct, so at most one ends exactly here (its weight is this node's self time),
         # and it sorts first.
         i = lo + 1 if len(keys[lo]) == depth else lo
@@ -166,6 +171,25 @@ def _layout(
     return placed
 
 
+def _prefix_weights(profile: Profile, lines: bool) -> dict[tuple[str, ...], int]:
+    """Weight under every label path (each prefix of each stack), the root being the empty path."""
+    labeler = StackLabeler(lines)
+    out: dict[tuple[str, ...], int] = {}
+    for s in profile.samples:
+        labels = labeler.labels(s.stack)
+        for i in range(len(labels) + 1):
+            key = labels[:i]
+            out[key] = out.get(key, 0) + s.weight
+    return out
+
+
+def _diff_colour(delta: float, maxabs: float) -> str:
+    if maxabs <= 0 or delta == 0:
+        return "rgb(250,250,250)"
+    v = round(210 * min(abs(delta) / maxabs, 1.0))
+    return f"rgb(255,{255 - v},{255 - v})" if delta > 0 else f"rgb({255 - v},{255 - v},255)"
+
+
 class SvgExporter(Exporter):
     """Interactive flame graph (zoom, search, details on hover) as one standalone SVG file."""
 
@@ -180,6 +204,7 @@ class SvgExporter(Exporter):
         Option("countname", str, "", "what counts are called in tooltips (default: the profile's unit)"),
         Option("inverted", bool, False, "icicle graph: root at the top"),
         Option("lines", bool, False, "append [file:line] to native frames when known"),
+        Option("normalize", bool, True, "differential: scale the baseline to the same total first"),
     )
 
     def __init__(
@@ -191,6 +216,7 @@ class SvgExporter(Exporter):
         countname: str = "",
         inverted: bool = False,
         lines: bool = False,
+        normalize: bool = True,
     ) -> None:
         if width < 100:
             raise ExportError(f"option width: must be at least 100 pixels, got {width}")
@@ -203,6 +229,9 @@ class SvgExporter(Exporter):
         self.countname = countname
         self.inverted = inverted
         self.lines = lines
+        self.normalize = normalize
+        # Set by `aiflame render --diff BEFORE AFTER` (a profile, so not an --opt): makes a differential graph.
+        self.baseline: Profile | None = None
 
     def render(self, profile: Profile) -> bytes:
         keys, kinds, weights = _merged_stacks(profile, self.lines)
@@ -215,18 +244,31 @@ class SvgExporter(Exporter):
         max_depth = max(p.depth for p in placed)
         height = top + (max_depth + 1) * FRAME_HEIGHT + BOTTOM_PAD
         out = self._header(height)
+        before: dict[tuple[str, ...], int] | None = None
+        factor, maxabs = 1.0, 0.0
+        deltas: list[float] = []
+        if self.baseline is not None:
+            before = _prefix_weights(self.baseline, self.lines)
+            btotal = before.get((), 0)
+            factor = total / btotal if self.normalize and btotal else 1.0
+            deltas = [p.weight - before.get(keys[p.first][:p.depth], 0) * factor for p in placed]
+            maxabs = max((abs(d) for d in deltas), default=0.0)
         out.append('<g id="frames">\n')
         escaped: dict[str, str] = {}
         unit_xml = _xml(unit)
         colours: dict[tuple[FrameKind | None, str], str] = {}
-        for p in placed:
+        for n, p in enumerate(placed):
             label = p.label
             esc = escaped.get(label)
             if esc is None:
                 esc = escaped[label] = _xml(label)
-            colour = colours.get((p.kind, label))
-            if colour is None:
-                colour = colours[(p.kind, label)] = _colour(p.kind, label)
+            extra = ""
+            if before is not None:
+                colour = _diff_colour(deltas[n], maxabs)
+                extra = f' data-delta="{deltas[n]:.0f}"'
+            else:
+                hit = colours.get((p.kind, label))
+                colour = hit if hit is not None else colours.setdefault((p.kind, label), _colour(p.kind, label))
             if self.inverted:
                 y = top + p.depth * FRAME_HEIGHT
             else:
@@ -235,9 +277,10 @@ class SvgExporter(Exporter):
             shown = _fit_text(label, p.width)
             shown = esc if shown == label else _xml(shown)
             pct = 100 * p.weight / total
+            change = f"; {deltas[n]:+.0f} vs baseline" if before is not None else ""
             out.append(
-                f'<g class="f" data-kind="{kind}" data-samples="{p.weight}">'
-                f"<title>{esc} ({p.weight} {unit_xml}, {pct:.2f}%)</title>"
+                f'<g class="f" data-kind="{kind}" data-samples="{p.weight}"{extra}>'
+                f"<title>{esc} ({p.weight} {unit_xml}, {pct:.2f}%{change})</title>"
                 f'<rect x="{p.x:.2f}" y="{y}" width="{p.width:.2f}" height="{FRAME_HEIGHT - 1}"'
                 f' fill="{colour}" rx="2" ry="2"/>'
                 f'<text x="{p.x + 3:.2f}" y="{y + FRAME_HEIGHT - 5}">{shown}</text></g>\n'
@@ -252,6 +295,7 @@ class SvgExporter(Exporter):
             "fontWidth": FONT_WIDTH,
             "inverted": self.inverted,
             "matchColour": MATCH_COLOUR,
+            "differential": before is not None,
         }
         # Escaping <, > and & keeps "]]>" (and anything tag-like) out of the CDATA section.
         config_js = json.dumps(config).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

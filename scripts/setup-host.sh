@@ -8,7 +8,7 @@ say() { printf '[setup] %s\n' "$*"; }
 need_root() { [ "$(id -u)" = 0 ] || { echo "aiflame setup: must run as root (BPF needs it)" >&2; exit 1; }; }
 need_root
 
-APT_PKGS=(bpfcc-tools python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc g++ make binutils libze1 libze-dev)
+APT_PKGS=(bpfcc-tools python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc g++ make binutils libze1 libze-dev chromium)
 missing=()
 for p in "${APT_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -61,5 +61,13 @@ else
     .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
     .venv/bin/python -m pip install -q -e '.[dev,bench,accel-test]'
     touch "$stamp"
+fi
+# Chakra's schema and codec (mlc-chakra) without its declared dependencies (HolisticTraceAnalysis -> jupyterlab,
+# ~480 MB, none of it used by the schema): so it is not in pyproject's dependencies.
+if .venv/bin/python -c 'import chakra.schema.protobuf.et_def_pb2' 2>/dev/null; then
+    say "mlc-chakra present"
+else
+    say "installing mlc-chakra==1.0.0 (Chakra schema and encoder) without its dependencies"
+    .venv/bin/python -m pip install -q --no-deps 'mlc-chakra==1.0.0'
 fi
 say "done"

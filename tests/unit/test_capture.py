@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.capture import MAGIC, CaptureError, CaptureWriter, read_capture, write_capture
+from aiflame.agent.capture import MAGIC, STALL_BATCH, CaptureError, CaptureWriter, read_capture, write_capture
 from aiflame.raw import (
     Capture,
     CaptureFooter,
@@ -19,6 +19,7 @@ from aiflame.raw import (
     PyRuntimeInfo,
     RawPyFrame,
     RawSample,
+    RawStallSample,
 )
 
 addr = st.integers(min_value=0, max_value=2**64 - 1)
@@ -115,3 +116,35 @@ def test_fuzzed_files_give_capture_errors(tmp_path_factory: pytest.TempPathFacto
             read_capture(d / "bad")
         except CaptureError as e:
             assert "\n" not in str(e)
+
+
+stall_samples = st.builds(
+    RawStallSample,
+    source=st.sampled_from(["cupti", "xe", "rocprof"]), pid=st.integers(0, 2**32 - 1), device=st.integers(-1, 64),
+    code=st.text(max_size=64), kernel=st.text(max_size=40), offset=st.integers(0, 2**64 - 1),
+    reason=st.text(max_size=60), count=st.integers(0, 2**64 - 1), correlation_id=st.integers(0, 2**64 - 1),
+    time_ns=st.integers(0, 2**64 - 1),
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(stall_samples, max_size=30))
+def test_stalls_round_trip(tmp_path_factory: pytest.TempPathFactory, stalls: list[RawStallSample]) -> None:
+    path = tmp_path_factory.mktemp("cap") / "c.aiflame"
+    cap = _capture([])
+    cap.stalls = stalls
+    write_capture(path, cap)
+    assert read_capture(path).stalls == stalls
+
+
+def test_stalls_are_batched_and_keep_order(tmp_path: Path) -> None:
+    path = tmp_path / "c.aiflame"
+    w = CaptureWriter(path, _capture([]).header)
+    n = STALL_BATCH + 7
+    ss = [RawStallSample("xe", 0, 0, "", "", i * 8, "sbid", 1 + i % 3) for i in range(n)]
+    w.add_stalls(ss[:5])
+    w.add_stalls(iter(ss[5:]))
+    w.add_stalls([])
+    w.close(CaptureFooter())
+    assert w.stalls_written == n
+    assert read_capture(path).stalls == ss

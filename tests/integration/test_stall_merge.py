@@ -1,0 +1,162 @@
+"""The AI flame graph end to end on a real probed run: a CUDA program built with nvcc is profiled (launch
+stacks from real uprobes, cubins stored in the capture), stall samples are constructed at real instruction
+offsets of its kernels and imported, and the folded, SVG and pprof outputs are read back line by line."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from aiflame.agent.capture import read_capture, write_capture
+from aiflame.agent.import_cmd import import_records
+from aiflame.agent.summary import print_summary
+from aiflame.exporters import get_exporter
+from aiflame.exporters import pprof_pb2 as ppb
+from aiflame.raw import RawStallSample
+from aiflame.symbolize.cubin import parse_cubin
+from aiflame.symbolize.sass import disassemble
+from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+from aiflame.symbolize.stalls import stall_view
+from tests.cuda_build import KernelPrograms, kernel_programs
+from tests.integration.conftest import aiflame
+
+SCALE = "_Z5scalePffi"
+ADD = "_Z3addPKfS0_Pfi"
+REASONS = ["smsp__pcsamp_warps_issue_stalled_long_scoreboard", "smsp__pcsamp_warps_issue_stalled_math_pipe_throttle",
+           "smsp__pcsamp_warps_issue_stalled_wait"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, KernelPrograms]:
+    progs = kernel_programs(tmp_path_factory)
+    out = tmp_path_factory.mktemp("stallrun")
+    aiflame("profile", "-o", str(out), "-q", "--formats", "folded", "--", str(progs.plain))
+    return out / "profile.aiflame", progs
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIFLAME_CACHE", str(tmp_path_factory.getbasetemp() / "stall-int-cache"))
+
+
+def _with_stalls(capture: Path, dest: Path) -> tuple[Path, list[RawStallSample], dict[str, dict[int, str]]]:
+    """A copy of the capture plus CUPTI-like stall samples at every 3rd instruction of scale and add (sm_90)."""
+    cap = read_capture(capture)
+    pid = next(e.pid for e in cap.events if e.kind == "compute")
+    code = next(g for g in cap.gpu_code if g.kind == "cubin" and g.arch == 90)
+    cubin = parse_cubin(code.data)
+    stalls = []
+    for kernel, weight in ((SCALE, 3), (ADD, 1)):
+        for i, off in enumerate(range(0, cubin.kernels[kernel].size, 48)):
+            n = weight * (i % 4 + 1)
+            stalls.append(RawStallSample("cupti", pid, 0, code.digest, kernel, off, REASONS[i % 3], n))
+    cap.stalls = stalls
+    write_capture(dest, cap)
+    sass = disassemble(code.data, code.digest) or {}
+    return dest, stalls, sass
+
+
+def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    path, stalls, sass = _with_stalls(run[0], tmp_path / "s.aiflame")
+    cap = read_capture(path)
+    prof = symbolize_capture(cap, options=StackOptions(group="none"))
+    view = stall_view(cap, prof, "stalls")
+    assert view.total_weight == sum(s.count for s in stalls)
+    assert view.counters.get("stall_unknown_launch", 0) == 0 and view.counters.get("stall_no_source", 0) == 0
+    text = get_exporter("folded").render(view).decode()
+    lines = text.splitlines()
+    assert lines, text
+    cubin = parse_cubin(next(g for g in cap.gpu_code if g.digest == stalls[0].code).data)
+    per_kernel: Counter[str] = Counter()
+    for line in lines:
+        stack, count = line.rsplit(" ", 1)
+        frames = stack.split(";")
+        sep = frames.index("-")
+        cpu, gpu = frames[:sep], frames[sep + 1:]
+        # CPU part: the real launch stack from the uprobes, main -> run_steps -> launch_<kernel>
+        helper = "launch_scale" if gpu[0] == "scale_[G]" else "launch_add"
+        assert cpu.index("main") < cpu.index("run_steps") < cpu.index(helper), cpu
+        assert not any(f.endswith(("_[G]", "_[g]")) for f in cpu)
+        # GPU part: kernel, file:line, +offset instruction, stall reason
+        assert len(gpu) == 4 and gpu[0] in ("scale_[G]", "add_[G]")
+        mangled = SCALE if gpu[0] == "scale_[G]" else ADD
+        m = re.fullmatch(r"kernels\.cu:(\d+)_\[G\]", gpu[1])
+        assert m, gpu[1]
+        m2 = re.fullmatch(r"\+(0x[0-9a-f]{4,}) (.+)_\[g\]", gpu[2])
+        assert m2, gpu[2]
+        off = int(m2.group(1), 16)
+        assert int(m.group(1)) == (cubin.lines().lookup(mangled, off) or ("", -1))[1]
+        assert m2.group(2) == sass[mangled][off]
+        assert gpu[3] in ("long_scoreboard_[g]", "math_pipe_throttle_[g]", "wait_[g]")
+        per_kernel[gpu[0]] += int(count)
+    want = Counter[str]()
+    for s in stalls:
+        want["scale_[G]" if s.kernel == SCALE else "add_[G]"] += s.count
+    assert per_kernel == want
+    java = get_exporter("folded", palette="java").render(view).decode()
+    assert "_[G]" not in java and "_[g]" not in java and "scale_[i]" in java and "wait_[j]" in java
+    assert java.count("\n") == len(lines)
+
+
+def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    path, stalls, _ = _with_stalls(run[0], tmp_path / "s.aiflame")
+    cap = read_capture(path)
+    prof = symbolize_capture(cap)
+    view = stall_view(cap, prof, "stalls", sass=False)
+    svg = get_exporter("svg", title="AI flame graph").render(view).decode()
+    kinds = Counter(re.findall(r'data-kind="(\w+)"', svg))
+    assert kinds["accel_source"] > 0 and kinds["accel_instr"] > 0 and kinds["stall"] > 0 and kinds["separator"] > 0
+    # Palette: green instructions and reasons, aqua kernels/source, grey '-'.
+    for kind, test in (("accel_instr", lambda r, g, b: g > r and g > b), ("stall", lambda r, g, b: g > r and g > b),
+                       ("accel_source", lambda r, g, b: g > r and b > r), ("separator", lambda r, g, b: r == g == b)):
+        for r, g, b in re.findall(rf'data-kind="{kind}"[^>]*>.*?fill="rgb\((\d+),(\d+),(\d+)\)"', svg):
+            assert test(int(r), int(g), int(b)), (kind, r, g, b)
+    raw = get_exporter("pprof").render(view)
+    p = ppb.Profile()
+    p.ParseFromString(gzip.decompress(raw))
+    st = list(p.string_table)
+    assert st[0] == "" and st[p.sample_type[0].type] == "stall_samples"
+    assert sum(s.value[0] for s in p.sample) == sum(s.count for s in stalls)
+    funcs = {f.id: st[f.name] for f in p.function}
+    locs = {loc.id: funcs[loc.line[0].function_id] for loc in p.location}
+    reasons = Counter[str]()
+    for s in p.sample:
+        labels = {st[lab.key]: (st[lab.str] if lab.str else lab.num) for lab in s.label}
+        leaf = locs[s.location_id[0]]
+        assert labels["stall_reason"] == leaf and labels["kernel"] in ("scale", "add") and labels["pid"] > 0
+        reasons[leaf] += s.value[0]
+    assert set(reasons) == {"long_scoreboard", "math_pipe_throttle", "wait"}
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=200), prof, stalls=view)
+    out = buf.getvalue()
+    assert "Kernels by stall samples" in out and "scale" in out and "long_scoreboard" in out
+    assert "kernels.cu:" in out
+
+
+def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    from tests.unit.test_rocprof_pc import stochastic
+    from tests.unit.test_xe_eu_stall import record
+
+    capture = run[0]
+    (tmp_path / "pc.bin").write_bytes(stochastic(7, 0x40, 3) * 4)
+    res = import_records(capture, [tmp_path / "pc.bin"], "rocprof", output=tmp_path / "a.aiflame", pid=123)
+    assert res.stall_samples == 4 and res.counters["rocprof_unknown_kernel"] == 4
+    (tmp_path / "x.bin").write_bytes(record("pvc", 0x20, {"sbid": 5}) + bytes(64))
+    import_records(tmp_path / "a.aiflame", [tmp_path / "x.bin"], "xe", platform="pvc")
+    cap = read_capture(tmp_path / "a.aiflame")
+    assert sorted((s.source, s.count) for s in cap.stalls) == [("rocprof", 4), ("xe", 5)]
+    assert cap.footer is not None and cap.footer.counters["xe_empty_records"] == 1
+    assert cap.footer.counters["imported_stall_samples"] == 9
+    assert len(cap.samples) == len(read_capture(capture).samples)
+    view = stall_view(cap, symbolize_capture(cap), "stalls", sass=False)
+    assert view.total_weight == 9 and view.counters["stall_unknown_launch"] == 9
+    assert view.counters["rocprof_unknown_kernel"] == 4 and view.counters["xe_empty_records"] == 1
+    proc = aiflame("import", str(tmp_path / "a.aiflame"), str(tmp_path / "x.bin"), "--format", "xe", check=False)
+    assert proc.returncode != 0  # not wired in cli.py yet, or --platform missing: either way no traceback
+    assert "Traceback" not in proc.stderr
