@@ -22,6 +22,7 @@ from aiflame.exporters.base import ExportError
 from aiflame.exporters.chakra import node_types, write_traces
 from aiflame.exporters.folded import parse_folded
 from aiflame.exporters.obfuscate import ObfuscateError
+from aiflame.exporters.svg import SvgExporter
 from aiflame.model import EventKind, Profile
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.events import launch_profile
@@ -72,9 +73,10 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
                    help="Python frames merged into native stacks (default), Python frames only, or native only")
     g.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
                    help="extra directory of separate debug files (DIR/.build-id/xx/yyyy.debug); repeatable")
-    g.add_argument("--view", choices=("cpu", "launches"), default="cpu",
+    g.add_argument("--view", choices=("cpu", "launches", "stalls", "combined"), default="cpu",
                    help="cpu: CPU samples (default); launches: accelerator kernel launches, "
-                        "<CPU stack> ; - ; <kernel>, weighted by launch count")
+                        "<CPU stack> ; - ; <kernel>, weighted by launch count; stalls: accelerator stall samples "
+                        "on their launch stacks (the AI flame graph); combined: CPU and stall samples together")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,14 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_view_options(e)
 
     r = sub.add_parser("render", help="flame graph SVG from a capture or a folded file")
-    r.add_argument("input", type=Path, help="a .aiflame capture or a folded-stacks file")
+    r.add_argument("input", type=Path, nargs="?", help="a .aiflame capture or a folded-stacks file")
     r.add_argument("-o", "--output", type=Path, required=True, help="SVG file to write")
     r.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="SVG option, repeatable")
+    r.add_argument("--diff", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                   help="differential flame graph: AFTER's widths, coloured red where it grew and blue where it "
+                        "shrank against BEFORE (captures or folded files; totals normalized, see --opt normalize)")
     _add_view_options(r)
 
-    from aiflame.agent import gpu_symbols_cmd
+    from aiflame.agent import gpu_symbols_cmd, import_cmd
 
     gpu_symbols_cmd.add_parser(sub)
+    import_cmd.add_parser(sub)
     from aiflame.agent import report_cmd
 
     report_cmd.add_parser(sub)
@@ -160,7 +166,12 @@ def _load_profile(path: Path, args: argparse.Namespace) -> Profile:
         raise CaptureError(f"{path}: {e.strerror}") from None
     if head == MAGIC or args.cmd == "export":
         native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
-        prof = symbolize_capture(read_capture(path), native, options=_view(args))
+        cap = read_capture(path)
+        prof = symbolize_capture(cap, native, options=_view(args))
+        if args.view in ("stalls", "combined"):
+            from aiflame.symbolize.stalls import stall_view
+
+            return stall_view(cap, prof, args.view)
         if args.view == "launches":
             if not any(e.kind == EventKind.COMPUTE for e in prof.events):
                 raise CaptureError(f"{path}: no kernel launches in this capture (the launch view is empty)")
@@ -198,13 +209,20 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     with progress:
         result = Session(cfg, on_progress=progress.update).run()
     native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
-    prof = symbolize_capture(read_capture(result.capture), native, options=_view(args))
+    cap = read_capture(result.capture)
+    prof = symbolize_capture(cap, native, options=_view(args))
     written = [result.capture]
     target = cfg.command and " ".join(cfg.command) or f"pid {args.pid}"
     views = [(cfg.prefix, prof, f"{prof.total_weight} samples at {args.frequency} Hz")]
     launches = launch_profile(prof)
     if launches.samples:  # the launch view: which CPU stacks launched which kernels
         views.append(("launches", launches, f"{launches.total_weight} kernel launches"))
+    stalls = None
+    if cap.stalls:  # the AI flame graph: stall samples on the stacks that launched their kernels
+        from aiflame.symbolize.stalls import stall_profile
+
+        stalls = stall_profile(cap, prof)
+        views.append(("stalls", stalls, f"{stalls.total_weight} stall samples"))
     for prefix, view, what in views:
         if CHAKRA in formats and view is prof and any(e.kind != EventKind.OTHER for e in prof.events):
             files, traces = write_traces(prof, out_dir / prefix)
@@ -215,7 +233,8 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
                 continue
             options: dict[str, object] = {}
             if name == "svg":
-                options["title"] = args.title or f"aiflame: {target}" + (" (launches)" if view is launches else "")
+                label = " (launches)" if view is launches else " (stall samples)" if view is stalls else ""
+                options["title"] = args.title or f"aiflame: {target}" + label
                 options["subtitle"] = f"{what}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"
             exporter = get_exporter(name, **options)
             path = out_dir / f"{prefix}{exporter.extension}"
@@ -224,7 +243,8 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     if not args.quiet:
         from aiflame.agent.summary import print_summary
 
-        print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s)
+        print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s,
+                      stalls=stalls)
         probed = [a for a in result.probed if a.runtime != "process"]
         if probed:
             libs = (f"{os.path.basename(a.path)} ({a.runtime}, {len(a.calls)} entry points)" for a in probed)
@@ -319,8 +339,14 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_render(args: argparse.Namespace, console: Console) -> int:
-    exporter = get_exporter("svg", **parse_option_values(REGISTRY["svg"], args.opt))
-    prof = _load_profile(args.input, args)
+    if (args.input is None) == (args.diff is None):
+        return _fail(console, "give one input, or --diff BEFORE AFTER", 2)
+    exporter = SvgExporter(**parse_option_values(REGISTRY["svg"], args.opt))  # type: ignore[arg-type]
+    if args.diff:
+        exporter.baseline = _load_profile(args.diff[0], args)
+        prof = _load_profile(args.diff[1], args)
+    else:
+        prof = _load_profile(args.input, args)
     try:
         exporter.write(prof, args.output)
     except OSError as e:
@@ -344,6 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_render(args, console)
         if args.cmd == "report":
             return cmd_report(args, console)
+        if args.cmd == "import":
+            from aiflame.agent import import_cmd
+
+            return import_cmd.run(args)
         if args.cmd == "gpu-symbols":
             from aiflame.agent import gpu_symbols_cmd
 

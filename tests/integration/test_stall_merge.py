@@ -24,7 +24,7 @@ from aiflame.symbolize.sass import disassemble
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from aiflame.symbolize.stalls import stall_view
 from tests.cuda_build import KernelPrograms, kernel_programs
-from tests.integration.conftest import aiflame
+from tests.integration.conftest import aiflame, read_folded
 
 SCALE = "_Z5scalePffi"
 ADD = "_Z3addPKfS0_Pfi"
@@ -158,5 +158,33 @@ def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelProgra
     assert view.total_weight == 9 and view.counters["stall_unknown_launch"] == 9
     assert view.counters["rocprof_unknown_kernel"] == 4 and view.counters["xe_empty_records"] == 1
     proc = aiflame("import", str(tmp_path / "a.aiflame"), str(tmp_path / "x.bin"), "--format", "xe", check=False)
-    assert proc.returncode != 0  # not wired in cli.py yet, or --platform missing: either way no traceback
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode != 0 and "--platform" in proc.stderr  # the layout must be named
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_stall_view_diff_and_import(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    """The wired commands, as a user runs them: export --view stalls, render --diff, import."""
+    path, stalls, _ = _with_stalls(run[0], tmp_path / "s.aiflame")
+    aiflame("export", str(path), "--format", "folded", "--view", "stalls", "--group", "none",
+            "-o", str(tmp_path / "stalls.folded"))
+    folded = read_folded(tmp_path / "stalls.folded")
+    assert sum(folded.values()) == sum(s.count for s in stalls)
+    assert all(";-;" in k and k.split(";")[-1].endswith("_[g]") for k in folded)
+    combined = tmp_path / "combined.folded"
+    aiflame("export", str(path), "--format", "folded", "--view", "combined", "-o", str(combined))
+    assert sum(read_folded(combined).values()) == sum(s.count for s in stalls) + len(read_capture(path).samples)
+    # the same capture without stall samples: a one-line error for the stall view
+    proc = aiflame("export", str(run[0]), "--format", "folded", "--view", "stalls", "-o", str(tmp_path / "x"),
+                   check=False)
+    assert proc.returncode == 1 and "no accelerator stall samples" in proc.stderr and "Traceback" not in proc.stderr
+    # differential: before = the stall view, after = a copy with twice the scale kernel's samples
+    after_lines = [f"{k} {v * 2 if ';scale_[G];' in k else v}" for k, v in folded.items()]
+    (tmp_path / "after.folded").write_text("\n".join(after_lines) + "\n")
+    aiflame("render", "--diff", str(tmp_path / "stalls.folded"), str(tmp_path / "after.folded"),
+            "-o", str(tmp_path / "diff.svg"))
+    svg = (tmp_path / "diff.svg").read_text()
+    assert "scale_[G]" in svg and "add_[G]" in svg
+    proc = aiflame("render", "-o", str(tmp_path / "y.svg"), check=False)
+    assert proc.returncode == 2 and "--diff" in proc.stderr
+    aiflame("import", str(path), str(path), "--format", "capture", "-o", str(tmp_path / "merged.aiflame"))
+    assert len(read_capture(tmp_path / "merged.aiflame").stalls) == 2 * len(stalls)
