@@ -327,14 +327,15 @@ def _export_chakra(args: argparse.Namespace, console: Console) -> int:
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
     from aiflame.agent.report_cmd import report_comm
 
-    if args.threshold < 0 or args.time_threshold < 0:
+    if args.threshold < 0 or args.time_threshold < 0 or args.min_time_ms < 0:
         return _fail(console, "thresholds must be >= 0", 2)
     args.cmd, args.view = "export", "cpu"  # a capture, never a folded file
     args.group, args.no_kernel, args.python, args.debug_dir = "process", False, "merged", []
     prof = _load_profile(args.capture, args)
     plot = None if args.no_plot else (args.plot or args.capture.with_suffix(".comm.svg"))
     report_comm(prof, console, args.threshold, args.time_threshold, plot,
-                title=f"Collective bytes per rank: {prof.meta.get('target', args.capture.name)}")
+                title=f"Collective bytes per rank: {prof.meta.get('target', args.capture.name)}",
+                min_time_ms=args.min_time_ms)
     return 0
 
 

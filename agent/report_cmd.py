@@ -72,9 +72,11 @@ def comm_totals(prof: Profile) -> dict[str, dict[int, CommTotals]]:
 
 
 def imbalance(totals: dict[str, dict[int, CommTotals]], size_threshold: float = 0.1,
-              time_threshold: float = 0.5) -> list[Flag]:
+              time_threshold: float = 0.5, min_time_ms: float = 5.0) -> list[Flag]:
     """Ranks whose call count differs from the median rank's, or whose bytes (time) differ from the median by more
-    than `size_threshold` (`time_threshold`) of it. Collectives seen on one rank only are compared with nothing."""
+    than `size_threshold` (`time_threshold`) of it; a time difference must also exceed `min_time_ms`, since a
+    scheduler tick alone moves a small collective's time by half. Collectives seen on one rank only are compared
+    with nothing."""
     flags: list[Flag] = []
     ranks = sorted({r for per in totals.values() for r in per})
     for name, per in sorted(totals.items()):
@@ -86,6 +88,8 @@ def imbalance(totals: dict[str, dict[int, CommTotals]], size_threshold: float = 
                                     ("time ms", [t.ns / 1e6 for _, t in rows], time_threshold)):
             med = statistics.median(values)
             for (r, _), v in zip(rows, values, strict=True):
+                if what == "time ms" and abs(v - med) <= min_time_ms:
+                    continue
                 if (med == 0 and v != 0) or (med and abs(v - med) / med > limit):
                     flags.append(Flag(name, r, what, round(v, 3), round(med, 3)))
     return flags
@@ -141,17 +145,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="flag a rank whose bytes differ from the median rank's by more than this fraction (0.1)")
     c.add_argument("--time-threshold", type=float, default=0.5,
                    help="the same for time spent in the collective (0.5; times are noisier than sizes)")
+    c.add_argument("--min-time-ms", type=float, default=5.0,
+                   help="ignore time differences smaller than this many ms, whatever their ratio (5)")
     c.add_argument("--plot", type=Path, help="SVG plot of bytes per rank (default: next to the capture, .comm.svg)")
     c.add_argument("--no-plot", action="store_true", help="do not write the plot")
 
 
 def report_comm(prof: Profile, console: Console, size_threshold: float, time_threshold: float,
-                plot: Path | None, title: str = "") -> list[Flag]:
+                plot: Path | None, title: str = "", min_time_ms: float = 5.0) -> list[Flag]:
     """Print the table and the flags; write the plot when `plot` is given. Returns the flags."""
     totals = comm_totals(prof)
     if not totals:
         raise ReportError("no collectives in this capture (taken with --no-runtimes, or no gloo/NCCL calls?)")
-    flags = imbalance(totals, size_threshold, time_threshold)
+    flags = imbalance(totals, size_threshold, time_threshold, min_time_ms)
     marked = {(f.collective, f.rank, f.what) for f in flags}
     t = Table(title="Collectives per rank", title_justify="left")
     for col, right in (("collective", False), ("rank", True), ("calls", True), ("bytes", True),
@@ -169,7 +175,7 @@ def report_comm(prof: Profile, console: Console, size_threshold: float, time_thr
     console.print(t)
     if flags:
         console.print(f"[bold]imbalance[/] (bytes beyond {size_threshold:.0%}, time beyond {time_threshold:.0%} "
-                      "of the median rank; any difference in calls):")
+                      f"and {min_time_ms:g} ms of the median rank; any difference in calls):")
         for f in flags:
             console.print("  " + escape(f.text()), highlight=False)
     else:
