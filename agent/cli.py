@@ -6,13 +6,14 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from aiflame import __version__
+from aiflame.agent.accel.cupti import CuptiOptions
 from aiflame.agent.capture import MAGIC, CaptureError, read_capture
 from aiflame.agent.report_cmd import ReportError
 from aiflame.agent.sampler import SamplerConfig, SamplerError, bpf_source
@@ -64,6 +65,19 @@ def _frequency(text: str) -> int:
     return v
 
 
+def _int_range(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}")
+        return v
+
+    return parse
+
+
 def _add_view_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("stack view")
     g.add_argument("--group", choices=("process", "thread", "none"), default="process",
@@ -109,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     rt = p.add_argument_group("accelerator runtimes")
     rt.add_argument("--no-runtimes", action="store_true",
                     help="do not probe CUDA, NCCL, gloo or Level Zero calls (CPU sampling only)")
+    gs = p.add_argument_group("accelerator stall samples (NVIDIA CUPTI in targets started with -- CMD; Intel xe)")
+    gs.add_argument("--no-gpu-samples", action="store_true",
+                    help="do not load the CUPTI PC-sampling collector into the command, nor open Xe EU stall streams")
+    gs.add_argument("--gpu-sample-period", type=_int_range(5, 31), default=20, metavar="N",
+                    help="one sample per SM every 2^N cycles (5-31, default 20: ~1,600 per SM per second at 1.7 GHz)")
+    gs.add_argument("--gpu-hw-buffer", type=_int_range(1 << 20, 1 << 34), default=64 << 20, metavar="BYTES",
+                    help="device memory for CUPTI's sample buffer (default 64 MiB; CUPTI's own default is 512 MiB)")
+    gs.add_argument("--gpu-stream-limit", type=_int_range(1 << 20, 1 << 40), default=1 << 30, metavar="BYTES",
+                    help="most bytes of samples and cubins one process may write (1 GiB; beyond that, counted drops)")
     _add_view_options(p)
 
     e = sub.add_parser("export", help="re-export a saved capture in another format")
@@ -203,7 +226,10 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
             return _fail(console, f"unknown format {f!r} (known: {', '.join(FORMATS)})", 2)
     out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
     cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
-                        sampler=sampler, argv=["aiflame", *argv], runtimes=not args.no_runtimes)
+                        sampler=sampler, argv=["aiflame", *argv], runtimes=not args.no_runtimes,
+                        gpu_samples=not args.no_gpu_samples,
+                        cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,
+                                           max_stream_bytes=args.gpu_stream_limit))
     err = Console(stderr=True)
     progress = _Progress(err, quiet=args.quiet)
     with progress:

@@ -17,10 +17,12 @@ from pathlib import Path
 from types import FrameType
 
 from aiflame import __version__
+from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
 from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.gpu_code import launched_cubins
 from aiflame.agent.procmaps import BuildIdCache, read_maps, read_process
 from aiflame.agent.python.runtime import PythonPlugin, proc_rec
+from aiflame.agent.rank_env import rank_event
 from aiflame.agent.records import RecKind
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import Attached, ProbeManager
@@ -100,7 +102,7 @@ def check_out_dir(out_dir: Path) -> None:
 class _Launcher:
     """Forks the command held at a gate so the sampler targets it before its first instruction."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         exe = shutil.which(argv[0])
         if exe is None:
             raise SessionError(f"command not found: {argv[0]}")
@@ -116,7 +118,7 @@ class _Launcher:
                 if os.read(gate_r, 1) != b"g":
                     os._exit(126)
                 os.close(gate_r)
-                os.execv(exe, argv)
+                os.execv(exe, argv) if env is None else os.execve(exe, argv, env)
             except OSError as e:
                 os.write(err_w, str(e.strerror).encode())
             os._exit(127)
@@ -192,6 +194,8 @@ class SessionConfig:
     prefix: str = "profile"
     argv: list[str] = field(default_factory=list)
     runtimes: bool = True  # probe accelerator runtimes (CUDA, NCCL, gloo, Level Zero) in the targets
+    gpu_samples: bool = True  # NVIDIA stall sampling (CUPTI, in targets started with -- CMD)
+    cupti: CuptiOptions = field(default_factory=CuptiOptions)  # its rate and buffer limits
 
 
 class Session:
@@ -219,6 +223,8 @@ class Session:
         self._events: list[RawEvent] = []  # kept for the end: which kernels were launched
         self._memory_fatbins: dict[str, bytes] = {}
         self._code_warnings: list[str] = []
+        self._initial: list[int] = []  # the target and, with --pid, the descendants it already had
+        self._env_ranked: set[int] = set()  # pids whose rank was read from their environment
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
@@ -229,11 +235,12 @@ class Session:
         if cfg.pid is not None:
             check_pid(cfg.pid)
         check_out_dir(cfg.out_dir)
-        launcher = _Launcher(cfg.command) if cfg.command else None
+        self.gpu = GpuSamples(cfg.out_dir, cfg.gpu_samples, bool(cfg.command), cfg.cupti)
+        launcher = _Launcher(cfg.command, self.gpu.child_env()) if cfg.command else None
         old = {s: signal.signal(s, self._signal) for s in (signal.SIGINT, signal.SIGTERM)}
         sampler_cfg = cfg.sampler
-        if launcher:
-            sampler_cfg = SamplerConfig(**{**sampler_cfg.__dict__, "follow_children": True})
+        # children are followed with --pid too: a launcher's (torchrun's) workers are the job
+        sampler_cfg = SamplerConfig(**{**sampler_cfg.__dict__, "follow_children": True})
         if cfg.runtimes:
             sampler_cfg = SamplerConfig(**{**sampler_cfg.__dict__, "probes": True})
         sampler = CpuSampler(sampler_cfg, self._pending.append, self._procs.append, self._on_probe)
@@ -241,7 +248,8 @@ class Session:
         assert root_pid is not None
         try:
             try:
-                sampler.start([root_pid])
+                self._initial = [root_pid] if launcher else [root_pid, *_descendants(root_pid)]
+                sampler.start(self._initial)
             except BaseException:
                 if launcher:
                     launcher.abort()
@@ -275,7 +283,8 @@ class Session:
         if launcher:
             launcher.release()
             time.sleep(0.05)  # let the dynamic loader map the program's libraries
-        self._snapshot(root_pid, writer)
+        for pid in self._initial:
+            self._snapshot(pid, writer)
         cpu0, t0 = _cpu_s(), time.monotonic()
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
         while not self._stop_reason:
@@ -307,6 +316,9 @@ class Session:
         if self.probes:
             self.stats.counters["calls"] = self.probes.calls_seen
             self.stats.counters["returns_lost"] = self.probes.returns_lost
+        gpu_counters, gpu_warnings = self.gpu.finish(writer, any(e.runtime == "cuda" for e in self._events),
+                                                     bool(launcher and not launcher.poll()))
+        self.stats.counters.update(gpu_counters)
         writer.close(CaptureFooter(
             time.time_ns(), _mono_ns(), 0, dict(self.stats.counters), self._stop_reason, agent_cpu,
         ))
@@ -316,6 +328,7 @@ class Session:
                 launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
         warnings = list(self.python.warnings) + (self.probes.warnings if self.probes else []) + self._code_warnings
+        warnings += gpu_warnings
         probed = self.probes.probed_files() if self.probes else []
         return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings, probed)
 
@@ -384,6 +397,9 @@ class Session:
         self._snaps[pid] = snap
         self._known[pid] = set()
         writer.add_process(snap)
+        if pid not in self._env_ranked and (env := rank_event(pid, _mono_ns())) is not None:
+            self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
+            writer.add_events([env])
         self.stats.pids = len(self._snaps)
         self._attach_python(pid, writer)  # first: every sample until then lacks its Python frames
         if self.probes:
@@ -449,6 +465,26 @@ def _maps_unchanged(pid: int, snap: ProcessSnapshot) -> bool:
     """True when every executable mapping of `pid` is already in `snap` (cheap: no build ids read)."""
     known = {(m.start, m.end) for m in snap.mappings}
     return all((lo, hi) in known for lo, hi, perms, *_ in read_maps(pid) or [] if "x" in perms)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` now (parents before children), from /proc/*/stat."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        c = todo.pop(0)
+        out.append(c)
+        todo.extend(children.get(c, []))
+    return out
 
 
 def _is_thread(tid: int) -> bool:

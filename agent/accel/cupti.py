@@ -1,0 +1,274 @@
+"""NVIDIA stall sampling for targets that aiflame starts: prepare the child's environment so CUDA loads
+aiflame's CUPTI injection library, then fold each process's stream into the capture as RawStallSample and
+GpuCode records (cubins keyed by CUPTI's CRC become the project's content digest).
+
+CUPTI works only inside the target and only from its CUDA initialization on, so a `--pid` target cannot be
+sampled this way; `pid_target_warning` says so when such a target used CUDA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from aiflame.agent.accel.cupti_build import CuptiBuildError, CuptiInstall, build_injection, find_cupti
+from aiflame.agent.accel.xe_eu_stall import XeEuStall, find_xe_devices, start_all
+from aiflame.raw import GpuCode, RawStallSample
+from aiflame.symbolize.cupti_stream import CuptiStream, CuptiStreamError, parse_stream
+
+__all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti",
+           "stalls_from_stream"]
+
+STREAM_DIR = ".cupti-streams"
+NO_CUPTI = ("NVIDIA stall samples need NVIDIA's CUPTI: `pip install nvidia-cuda-cupti` into aiflame's "
+            "environment (the CUDA program ran unsampled)")
+
+
+@dataclass(frozen=True)
+class CuptiOptions:
+    """What the injection library is told (the CLI's --gpu-sample-period/--gpu-hw-buffer map here).
+
+    Defaults are cautious: one sample per SM every 2^20 cycles (about 1,600 per SM per second at 1.7 GHz),
+    64 MiB of device memory for CUPTI's hardware buffer (CUPTI's own default is 512 MiB), a 1 GiB stream cap.
+    """
+
+    period_log2: int = 20  # 5..31
+    hw_buffer_bytes: int = 64 << 20
+    scratch_bytes: int = 0  # 0: CUPTI's default (1 MiB)
+    pcs_per_fetch: int = 4096
+    drain_ms: int = 100
+    max_stream_bytes: int = 1 << 30
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AIFLAME_CUPTI_PERIOD": str(self.period_log2),
+            "AIFLAME_CUPTI_HW_BUFFER": str(self.hw_buffer_bytes),
+            "AIFLAME_CUPTI_SCRATCH": str(self.scratch_bytes),
+            "AIFLAME_CUPTI_PCS": str(self.pcs_per_fetch),
+            "AIFLAME_CUPTI_DRAIN_MS": str(self.drain_ms),
+            "AIFLAME_CUPTI_MAX_BYTES": str(self.max_stream_bytes),
+        }
+
+
+class StallWriter(Protocol):
+    def add_stalls(self, samples: Iterable[RawStallSample]) -> None: ...
+
+    def add_gpu_code(self, c: GpuCode) -> bool: ...
+
+
+@dataclass
+class CuptiResult:
+    """What the streams held: samples stored, drop counters (footer), one-line warnings."""
+
+    samples: int = 0
+    processes: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def stalls_from_stream(s: CuptiStream) -> tuple[list[RawStallSample], list[GpuCode], Counter[str]]:
+    """One stream's stall samples and cubins. Nothing is dropped: a sample whose cubin was not captured keeps
+    code "" and one whose reason index is not in its context's table gets the name `stall_reason_<index>`;
+    both are counted."""
+    counts: Counter[str] = Counter()
+    digests: dict[int, str] = {}
+    code: list[GpuCode] = []
+    for c in s.cubins:
+        digest = hashlib.sha256(c.data).hexdigest()
+        if c.crc not in digests:
+            digests[c.crc] = digest
+            code.append(GpuCode(digest, "cubin", _cubin_arch(c.data), f"memory of pid {s.pid} (CUPTI)", c.data))
+    samples: list[RawStallSample] = []
+    for b in s.batches:
+        table = s.reasons.get(b.ctx, {})
+        device = s.devices.get(b.ctx, -1)
+        for pc in b.pcs:
+            digest = digests.get(pc.crc, "")
+            for idx, n in pc.reasons:
+                if n == 0:
+                    continue
+                reason = table.get(idx)
+                if reason is None:
+                    reason = f"stall_reason_{idx}"
+                    counts["cupti_unknown_reason_samples"] += n
+                if not digest:
+                    counts["cupti_samples_without_cubin"] += n
+                samples.append(RawStallSample("cupti", s.pid, device, digest, pc.function, pc.pc_offset, reason, n,
+                                              pc.correlation_id, b.time_ns))
+                counts["cupti_samples"] += n
+        counts["cupti_dropped_samples"] += b.dropped_samples
+        counts["cupti_hw_buffer_full"] += int(b.hardware_buffer_full)
+    for name in ("samples_dropped", "pcs_dropped", "batches_dropped", "cubins_dropped", "getdata_errors",
+                 "write_errors"):
+        if s.counters.get(name):
+            counts[f"cupti_{name}"] += s.counters[name]
+    return samples, code, counts
+
+
+def _cubin_arch(data: bytes) -> int:
+    """SM of a cubin from its ELF e_flags (0 when it is not a 64-bit ELF)."""
+    if len(data) < 52 or data[:4] != b"\x7fELF" or data[4] != 2:
+        return 0
+    flags = int.from_bytes(data[48:52], "little")
+    return flags & 0xFF if data[8] <= 6 else (flags >> 8) & 0xFF  # e_ident ABI version: old vs new layout
+
+
+class CuptiCollector:
+    """One capture's NVIDIA stall sampling: `child_env` for the command, `collect` at the end."""
+
+    def __init__(self, install: CuptiInstall, library: Path, stream_dir: Path, options: CuptiOptions) -> None:
+        self.install = install
+        self.library = library
+        self.stream_dir = stream_dir
+        self.options = options
+
+    def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """`base` plus what makes CUDA load the sampler: CUDA_INJECTION64_PATH for the driver, and LD_PRELOAD
+        so a process whose CUDA never reaches a driver still reports why."""
+        env = dict(base)
+        lib = str(self.library)
+        env["CUDA_INJECTION64_PATH"] = lib
+        preload = [p for p in env.get("LD_PRELOAD", "").split() if p]
+        env["LD_PRELOAD"] = " ".join([*preload, lib]) if lib not in preload else " ".join(preload)
+        env["AIFLAME_CUPTI_DIR"] = str(self.stream_dir)
+        env["AIFLAME_CUPTI_LIB"] = str(self.install.library)
+        env.update(self.options.env())
+        return env
+
+    def collect(self, writer: StallWriter, keep_streams: bool = False) -> CuptiResult:
+        """Read every stream, store samples and cubins through `writer`, and remove the streams (unless
+        `keep_streams`, or one could not be read)."""
+        res = CuptiResult()
+        counts: Counter[str] = Counter()
+        errors: dict[tuple[str, str], list[int]] = {}
+        unreadable = False
+        for path in sorted(self.stream_dir.glob("cupti-*.stream")):
+            try:
+                stream = parse_stream(path.read_bytes(), path.name)
+            except (OSError, CuptiStreamError) as e:
+                res.warnings.append(str(e) if isinstance(e, CuptiStreamError) else f"{path}: {e.strerror}")
+                counts["cupti_streams_unreadable"] += 1
+                unreadable = True
+                continue
+            res.processes += 1
+            samples, code, c = stalls_from_stream(stream)
+            counts.update(c)
+            for gc in code:
+                writer.add_gpu_code(gc)
+            writer.add_stalls(samples)
+            res.samples += sum(s.count for s in samples)
+            for err in stream.errors:
+                errors.setdefault((err.stage, err.message), []).append(stream.pid)
+            if stream.problems:
+                counts["cupti_records_skipped"] += len(stream.problems)
+                res.warnings.append(f"CUPTI stream of pid {stream.pid}: {stream.problems[0]}"
+                                    + (f" (+{len(stream.problems) - 1} more)" if len(stream.problems) > 1 else ""))
+            if not stream.complete:
+                counts["cupti_streams_cut_short"] += 1
+                if stream.batches or stream.cubins:
+                    res.warnings.append(f"CUPTI stream of pid {stream.pid} was cut short (the process did not "
+                                        "exit normally): its last samples may be missing")
+        for (stage, message), pids in errors.items():
+            who = f"pid {pids[0]}" if len(pids) == 1 else f"{len(pids)} processes"
+            res.warnings.append(f"NVIDIA stall sampling in {who}: {stage}: {message}")
+        dropped = counts["cupti_samples_dropped"] + counts["cupti_dropped_samples"]
+        if dropped:
+            res.warnings.append(f"{dropped} GPU stall samples were dropped (CUPTI buffer or aiflame stream limits); "
+                                "see the capture's cupti_* counters")
+        res.counters = {k: v for k, v in counts.items() if v}
+        if not keep_streams and not unreadable:
+            shutil.rmtree(self.stream_dir, ignore_errors=True)
+        return res
+
+
+def prepare_cupti(out_dir: Path, options: CuptiOptions, cache_dir: Path | None = None
+                  ) -> tuple[CuptiCollector | None, str | None]:
+    """A collector ready for a `-- CMD` target, or None with the one-line reason (None, None: not installed,
+    which is only worth a word if the target turns out to use CUDA; see `NO_CUPTI`)."""
+    install = find_cupti()
+    if install is None:
+        return None, None
+    try:
+        lib = build_injection(install, cache_dir)
+    except CuptiBuildError as e:
+        return None, f"NVIDIA stall sampling off: {e}"
+    stream_dir = out_dir / STREAM_DIR
+    try:
+        if stream_dir.exists():
+            shutil.rmtree(stream_dir)
+        stream_dir.mkdir(parents=True)
+        os.chmod(stream_dir, 0o1777)  # targets that drop privileges still write their streams
+    except OSError as e:
+        return None, f"NVIDIA stall sampling off: cannot create {stream_dir}: {e.strerror}"
+    return CuptiCollector(install, lib, stream_dir, options), None
+
+
+def pid_target_warning() -> str:
+    return ("NVIDIA stall samples need the target started by aiflame (`aiflame profile -- CMD`): CUPTI runs only "
+            "inside a process from its CUDA initialization on")
+
+
+class GpuSamples:
+    """A session's GPU stall sampling (NVIDIA CUPTI, Intel EU stall), start to end, in three calls: `child_env`
+    for the command it starts, `finish` once the capture ends (samples, counters, one-line warnings)."""
+
+    def __init__(self, out_dir: Path, enabled: bool, starts_target: bool, options: CuptiOptions) -> None:
+        self.enabled = enabled
+        self.starts_target = starts_target
+        self.collector: CuptiCollector | None = None
+        self.warning: str | None = None
+        if enabled and starts_target:
+            self.collector, self.warning = prepare_cupti(out_dir, options)
+        # Intel GPUs are sampled device-wide by the agent, for --pid targets too; silent on hosts without one.
+        self.xe: list[XeEuStall] = []
+        self.xe_problems: list[str] = []
+        if enabled and find_xe_devices():
+            self.xe, self.xe_problems = start_all()
+
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str] | None:
+        """The command's environment, or None to leave it as the agent's."""
+        if self.collector is None:
+            return None
+        return self.collector.child_env(os.environ if base is None else base)
+
+    def finish(self, writer: StallWriter, used_cuda: bool, target_running: bool) -> tuple[dict[str, int], list[str]]:
+        """Store what the streams hold. `used_cuda`: the probes saw CUDA calls (decides which hint to give
+        when nothing could be sampled); `target_running`: keep the streams, the command may still write."""
+        if not self.enabled:
+            return {}, []
+        xe_counters, xe_warnings = self._finish_xe(writer)
+        counters, warnings = self._finish_cupti(writer, used_cuda, target_running)
+        for k, v in xe_counters.items():
+            counters[k] = counters.get(k, 0) + v
+        return counters, warnings + xe_warnings
+
+    def _finish_xe(self, writer: StallWriter) -> tuple[dict[str, int], list[str]]:
+        counters: Counter[str] = Counter()
+        warnings = list(self.xe_problems)
+        for stream in self.xe:
+            writer.add_stalls(stream.stop())
+            counters.update(stream.counters)
+            warnings += stream.warnings
+        if counters.get("xe_hw_drops"):
+            warnings.append(f"Intel EU stall sampling: the hardware dropped data {counters['xe_hw_drops']} times "
+                            "(its buffer was full)")
+        return dict(counters), warnings
+
+    def _finish_cupti(self, writer: StallWriter, used_cuda: bool, target_running: bool
+                      ) -> tuple[dict[str, int], list[str]]:
+        if self.collector is None:
+            if not used_cuda:
+                return {}, []
+            if not self.starts_target:
+                return {}, [pid_target_warning()]
+            return {}, [self.warning or NO_CUPTI]
+        res = self.collector.collect(writer, keep_streams=target_running)
+        counters = dict(res.counters)
+        counters["cupti_processes"] = res.processes
+        return counters, res.warnings

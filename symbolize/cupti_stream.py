@@ -1,0 +1,250 @@
+"""Reader of the stream aiflame's CUPTI injection library (agent/accel/cupti_inject.c) writes in each sampled
+process: CUDA contexts, stall-reason tables, cubins keyed by CUPTI's CRC, and batches of PC records as
+`cuptiPCSamplingGetData` returned them, with the library's drop counters.
+
+Format version 1, little-endian (the C file's header comment is the other half of this definition)::
+
+    header  "AIFLCUPT" u16 version u16 header_size u32 pid u64 start_ns
+    record  u16 type u16 flags u32 payload_size, payload      str = u16 length + bytes
+
+A stream cut short (the process was killed) reads up to its last whole record and says so (`complete` is
+False). A record whose payload does not match its type is skipped and named in `problems`; a foreign file or
+an unknown version raises CuptiStreamError.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+__all__ = ["MAGIC", "VERSION", "CubinRecord", "CuptiStream", "CuptiStreamError", "PcBatch", "PcRecord",
+           "RecordType", "StreamError", "parse_stream"]
+
+MAGIC = b"AIFLCUPT"
+VERSION = 1
+_HEADER = struct.Struct("<8sHHIQ")
+_RECORD = struct.Struct("<HHI")
+
+
+class RecordType:
+    INFO = 1
+    ERROR = 2
+    CONTEXT = 3
+    REASONS = 4
+    CUBIN = 5
+    PCS = 6
+    COUNTERS = 7
+    END = 8
+
+
+class CuptiStreamError(Exception):
+    """The file is not a readable CUPTI stream; the message is one user-facing line."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """A failure the library reported from inside the target (the target ran on, unsampled from there)."""
+
+    stage: str  # the call or step that failed, e.g. "cuptiSubscribe", "no_driver"
+    code: int  # CUptiResult or errno, 0 when none
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PcRecord:
+    """One CUpti_PCSamplingPCData: samples per stall-reason index at one instruction."""
+
+    crc: int
+    pc_offset: int
+    function_index: int
+    correlation_id: int
+    function: str
+    reasons: tuple[tuple[int, int], ...]  # (stall reason index, samples)
+
+
+@dataclass(frozen=True, slots=True)
+class PcBatch:
+    """One CUpti_PCSamplingData as CUPTI filled it (GetData, or the configured buffer at unload/Disable)."""
+
+    ctx: int
+    time_ns: int
+    range_id: int
+    total_samples: int
+    dropped_samples: int
+    non_user_samples: int
+    hardware_buffer_full: bool
+    from_config_buffer: bool
+    remaining_pcs: int
+    pcs: tuple[PcRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CubinRecord:
+    ctx: int
+    module_id: int
+    crc: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class CuptiStream:
+    pid: int
+    start_ns: int
+    info: dict[str, str] = field(default_factory=dict)
+    errors: list[StreamError] = field(default_factory=list)
+    devices: dict[int, int] = field(default_factory=dict)  # context id -> device ordinal
+    reasons: dict[int, dict[int, str]] = field(default_factory=dict)  # context id -> index -> name
+    cubins: list[CubinRecord] = field(default_factory=list)
+    batches: list[PcBatch] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    complete: bool = False  # the END record was read
+    problems: list[str] = field(default_factory=list)  # records skipped, with why
+
+
+class _Short(Exception):
+    pass
+
+
+class _Reader:
+    def __init__(self, data: bytes | memoryview) -> None:
+        self.d = memoryview(data)
+        self.i = 0
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.i + n > len(self.d):
+            raise _Short
+        v = self.d[self.i:self.i + n]
+        self.i += n
+        return v
+
+    def unpack(self, s: struct.Struct) -> tuple[int, ...]:
+        return s.unpack(self.take(s.size))
+
+    def u32(self) -> int:
+        return int.from_bytes(self.take(4), "little")
+
+    def u64(self) -> int:
+        return int.from_bytes(self.take(8), "little")
+
+    def str(self) -> str:
+        n = int.from_bytes(self.take(2), "little")
+        return bytes(self.take(n)).decode("utf-8", "replace")
+
+    def done(self) -> bool:
+        return self.i == len(self.d)
+
+
+_ERR = struct.Struct("<i")
+_CTX = struct.Struct("<IIQ")
+_CUBIN = struct.Struct("<IIQQ")
+_PCS = struct.Struct("<IIQQQQQBBHI")
+_PC = struct.Struct("<QQIII")
+_PAIR = struct.Struct("<II")
+_MAX_COUNT = 1 << 24  # counts beyond this cannot fit a record's u32 size anyway
+
+
+def _count(r: _Reader, per_item: int) -> int:
+    n = r.u32()
+    if n > _MAX_COUNT or n * per_item > len(r.d) - r.i:
+        raise _Short
+    return n
+
+
+def _end(r: _Reader) -> None:
+    if not r.done():
+        raise _Short
+
+
+def _record(s: CuptiStream, rtype: int, r: _Reader) -> None:
+    """Apply one record to `s`; nothing is changed when the payload is malformed (raises _Short)."""
+    if rtype == RecordType.INFO:
+        key, value = r.str(), r.str()
+        _end(r)
+        s.info[key] = value
+    elif rtype == RecordType.ERROR:
+        (code,) = r.unpack(_ERR)
+        stage, message = r.str(), r.str()
+        _end(r)
+        s.errors.append(StreamError(stage, code, message))
+    elif rtype == RecordType.CONTEXT:
+        ctx, device, _t = r.unpack(_CTX)
+        _end(r)
+        s.devices[ctx] = -1 if device == 0xFFFFFFFF else device
+    elif rtype == RecordType.REASONS:
+        ctx = r.u32()
+        table: dict[int, str] = {}
+        for _ in range(_count(r, 6)):
+            idx = r.u32()
+            table[idx] = r.str()
+        _end(r)
+        s.reasons[ctx] = table
+    elif rtype == RecordType.CUBIN:
+        ctx, module_id, crc, size = r.unpack(_CUBIN)
+        cubin = CubinRecord(ctx, module_id, crc, bytes(r.take(size)))
+        _end(r)
+        s.cubins.append(cubin)
+    elif rtype == RecordType.PCS:
+        ctx, n, t, rng, total, dropped, non_user, full, from_cfg, _pad, remaining = r.unpack(_PCS)
+        if n > _MAX_COUNT or n * (_PC.size + 2) > len(r.d) - r.i:
+            raise _Short
+        pcs = []
+        for _ in range(n):
+            crc, off, fidx, corr, k = r.unpack(_PC)
+            name = r.str()
+            raw = r.take(k * _PAIR.size)
+            reasons = tuple((int(a), int(b)) for a, b in _PAIR.iter_unpack(raw))
+            pcs.append(PcRecord(crc, off, fidx, corr, name, reasons))
+        _end(r)
+        s.batches.append(PcBatch(ctx, t, rng, total, dropped, non_user, bool(full), bool(from_cfg), remaining,
+                                 tuple(pcs)))
+    elif rtype == RecordType.COUNTERS:
+        counters: list[tuple[str, int]] = []
+        for _ in range(_count(r, 10)):
+            cname = r.str()
+            counters.append((cname, r.u64()))
+        _end(r)
+        for cname, v in counters:
+            s.counters[cname] = s.counters.get(cname, 0) + v
+    elif rtype == RecordType.END:
+        _end(r)
+        s.complete = True
+    else:
+        raise KeyError(rtype)
+
+
+def parse_stream(data: bytes, name: str = "stream") -> CuptiStream:
+    """Parse one process's stream. Raises CuptiStreamError for a foreign, empty or newer-version file."""
+    if len(data) < _HEADER.size:
+        raise CuptiStreamError(f"{name}: too short for a CUPTI stream ({len(data)} bytes)")
+    magic, version, header_size, pid, start = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CuptiStreamError(f"{name}: not an aiflame CUPTI stream (bad magic)")
+    if version != VERSION:
+        raise CuptiStreamError(f"{name}: CUPTI stream version {version}, this aiflame reads {VERSION}")
+    if header_size < _HEADER.size or header_size > len(data):
+        raise CuptiStreamError(f"{name}: bad header size {header_size}")
+    s = CuptiStream(pid, start)
+    view = memoryview(data)
+    i = header_size
+    while i < len(data):
+        if i + _RECORD.size > len(data):
+            s.problems.append(f"{name}: {len(data) - i} trailing bytes (the stream was cut short)")
+            break
+        rtype, _flags, size = _RECORD.unpack_from(data, i)
+        body = i + _RECORD.size
+        if body + size > len(data):
+            s.problems.append(f"{name}: record of type {rtype} at {i} cut short ({len(data) - body} of {size} "
+                              "bytes)")
+            break
+        try:
+            _record(s, rtype, _Reader(view[body:body + size]))
+        except _Short:
+            s.problems.append(f"{name}: malformed record of type {rtype} at offset {i} skipped")
+        except KeyError:
+            s.problems.append(f"{name}: unknown record type {rtype} at offset {i} skipped")
+        i = body + size
+        if s.complete:
+            if i != len(data):
+                s.problems.append(f"{name}: {len(data) - i} bytes after the end record ignored")
+            break
+    return s

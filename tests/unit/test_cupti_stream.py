@@ -1,0 +1,220 @@
+"""The CUPTI injection library's stream: its C serializer (fed real CUPTI structs by a driver compiled against
+the wheel's headers) and symbolize/cupti_stream.py must agree on every field; the reader must meet cut,
+malformed and foreign input with a clear message; streams become RawStallSample and GpuCode records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiflame.agent.accel.cupti import stalls_from_stream
+from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection, find_cupti
+from aiflame.symbolize.cupti_stream import MAGIC, CuptiStreamError, RecordType, parse_stream
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+
+
+@pytest.fixture(scope="module")
+def cupti() -> CuptiInstall:
+    found = find_cupti()
+    if found is None:
+        pytest.fail("nvidia-cuda-cupti is not installed: install the accel-test extra (`make setup`)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def driver(cupti: CuptiInstall, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/programs/cupti_stream_driver.c linked against the injection library built as the agent builds it."""
+    d = tmp_path_factory.mktemp("cupti")
+    lib = build_injection(cupti, cache_dir=d / "cache")
+    exe = d / "driver"
+    subprocess.run(["cc", "-Wall", "-Werror", "-I", str(cupti.include), "-o", str(exe),
+                    str(PROGRAMS / "cupti_stream_driver.c"), str(lib), f"-Wl,-rpath,{lib.parent}"],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
+def _run_driver(driver: Path, out: Path, seed: int) -> dict[str, object]:
+    proc = subprocess.run([str(driver), str(out), str(seed)], check=True, capture_output=True, text=True)
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 7, 1234])
+def test_c_serializer_and_reader_agree_on_cupti_structs(driver: Path, tmp_path: Path, seed: int) -> None:
+    path = tmp_path / "s.stream"
+    want = _run_driver(driver, path, seed)
+    s = parse_stream(path.read_bytes(), path.name)
+    assert s.complete and not s.problems
+    assert s.pid > 0 and s.start_ns > 0
+    assert s.info == {"cupti_api_version": "130005"}
+    ctx = want["ctx"]
+    assert s.devices == {ctx: want["device"]}
+    assert s.reasons == {ctx: {i: n for i, n in want["reasons"]}}  # type: ignore[attr-defined]
+    cub = want["cubin"]
+    assert isinstance(cub, dict)
+    assert [(c.ctx, c.module_id, c.crc, c.data) for c in s.cubins] == [
+        (ctx, cub["module_id"], cub["crc"], bytes.fromhex(cub["hex"]))]
+    batch = want["batch"]
+    assert isinstance(batch, dict)
+    (b,) = s.batches
+    assert (b.ctx, b.time_ns, b.range_id, b.total_samples, b.dropped_samples, b.non_user_samples,
+            b.hardware_buffer_full, b.remaining_pcs, b.from_config_buffer) == (
+        ctx, batch["time_ns"], batch["range_id"], batch["total_samples"], batch["dropped_samples"],
+        batch["non_user_samples"], bool(batch["hardware_buffer_full"]), batch["remaining_pcs"], True)
+    got = [{"crc": p.crc, "pc_offset": p.pc_offset, "function_index": p.function_index,
+            "correlation_id": p.correlation_id, "function": p.function, "reasons": [list(r) for r in p.reasons]}
+           for p in b.pcs]
+    assert got == batch["pcs"]
+    assert [(e.stage, e.code, e.message) for e in s.errors] == [
+        ("cuptiPCSamplingEnable", 17, "CUPTI_ERROR_NOT_SUPPORTED")]
+    assert s.counters["cupti_dropped_samples"] == batch["dropped_samples"]
+    assert s.counters["samples_dropped"] == 0
+
+
+def test_stream_to_stall_samples_and_cubins(driver: Path, tmp_path: Path) -> None:
+    path = tmp_path / "s.stream"
+    want = _run_driver(driver, path, 5)
+    s = parse_stream(path.read_bytes())
+    samples, code, counts = stalls_from_stream(s)
+    cub = want["cubin"]
+    assert isinstance(cub, dict)
+    data = bytes.fromhex(cub["hex"])
+    assert [(c.digest, c.kind, c.data) for c in code] == [(hashlib.sha256(data).hexdigest(), "cubin", data)]
+    batch = want["batch"]
+    assert isinstance(batch, dict)
+    names = dict(want["reasons"])  # type: ignore[call-overload]
+    expected = []
+    for pc in batch["pcs"]:
+        digest = code[0].digest if pc["crc"] == cub["crc"] else ""
+        for idx, n in pc["reasons"]:
+            if n:
+                expected.append((s.pid, want["device"], digest, pc["function"], pc["pc_offset"], names[idx], n,
+                                 pc["correlation_id"], batch["time_ns"]))
+    assert [(x.pid, x.device, x.code, x.kernel, x.offset, x.reason, x.count, x.correlation_id, x.time_ns)
+            for x in samples] == expected
+    assert all(x.source == "cupti" for x in samples)
+    assert counts["cupti_samples"] == sum(e[6] for e in expected)
+    assert counts["cupti_samples_without_cubin"] == sum(e[6] for e in expected if not e[2])
+
+
+# A test-side writer of the same format, for the cases the C side never produces (malformed, foreign input).
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack("<H", len(b)) + b
+
+
+def _rec(rtype: int, payload: bytes) -> bytes:
+    return struct.pack("<HHI", rtype, 0, len(payload)) + payload
+
+
+def _header(pid: int = 42, version: int = 1) -> bytes:
+    return struct.pack("<8sHHIQ", MAGIC, version, 24, pid, 1000)
+
+
+def _pcs(ctx: int, pcs: list[tuple[int, int, str, list[tuple[int, int]]]]) -> bytes:
+    out = struct.pack("<IIQQQQQBBHI", ctx, len(pcs), 5, 0, 0, 0, 0, 0, 0, 0, 0)
+    for crc, off, name, reasons in pcs:
+        out += struct.pack("<QQIII", crc, off, 0, 0, len(reasons)) + _str(name)
+        out += b"".join(struct.pack("<II", i, n) for i, n in reasons)
+    return out
+
+
+def _sample_stream() -> bytes:
+    reasons = struct.pack("<II", 1, 2) + struct.pack("<I", 0) + _str("stalled_a") + struct.pack("<I", 4) + _str("b")
+    return (_header() + _rec(RecordType.CONTEXT, struct.pack("<IIQ", 1, 0, 9))
+            + _rec(RecordType.REASONS, reasons)
+            + _rec(RecordType.CUBIN, struct.pack("<IIQQ", 1, 2, 77, 3) + b"abc")
+            + _rec(RecordType.PCS, _pcs(1, [(77, 0x40, "_Z1kv", [(0, 3), (4, 0), (9, 2)]), (99, 0x10, "_Z1jv",
+                                                                                          [(4, 1)])]))
+            + _rec(RecordType.COUNTERS, struct.pack("<I", 1) + _str("samples_dropped") + struct.pack("<Q", 6))
+            + _rec(RecordType.END, b""))
+
+
+def test_unknown_reason_and_missing_cubin_are_kept_and_counted() -> None:
+    s = parse_stream(_sample_stream())
+    samples, code, counts = stalls_from_stream(s)
+    assert [(x.code != "", x.kernel, x.offset, x.reason, x.count) for x in samples] == [
+        (True, "_Z1kv", 0x40, "stalled_a", 3), (True, "_Z1kv", 0x40, "stall_reason_9", 2),
+        (False, "_Z1jv", 0x10, "b", 1)]
+    assert counts["cupti_unknown_reason_samples"] == 2
+    assert counts["cupti_samples_without_cubin"] == 1
+    assert counts["cupti_samples_dropped"] == 6
+    assert code[0].digest == hashlib.sha256(b"abc").hexdigest()
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"", "too short"),
+    (b"GARBAGE!" + bytes(16), "not an aiflame CUPTI stream"),
+    (_header(version=2), "version 2"),
+    (struct.pack("<8sHHIQ", MAGIC, 1, 4, 1, 1), "bad header size 4"),
+])
+def test_foreign_or_unreadable_streams_fail_with_one_line(data: bytes, message: str) -> None:
+    with pytest.raises(CuptiStreamError, match=message) as e:
+        parse_stream(data, "x.stream")
+    assert "\n" not in str(e.value) and str(e.value).startswith("x.stream: ")
+
+
+def test_cut_stream_keeps_whole_records_and_says_so() -> None:
+    full = _sample_stream()
+    cut = full[:-20]  # inside the counters record
+    s = parse_stream(cut, "c")
+    assert not s.complete and len(s.batches) == 1 and s.cubins
+    assert s.problems and "cut short" in s.problems[0]
+
+
+def test_malformed_and_unknown_records_are_skipped_and_named() -> None:
+    data = (_header() + _rec(RecordType.PCS, struct.pack("<I", 1)) + _rec(99, b"zz")
+            + _rec(RecordType.CONTEXT, struct.pack("<IIQ", 3, 0xFFFFFFFF, 0) + b"x")
+            + _rec(RecordType.CONTEXT, struct.pack("<IIQ", 4, 0xFFFFFFFF, 0)) + _rec(RecordType.END, b""))
+    s = parse_stream(data, "m")
+    assert s.complete and s.devices == {4: -1}
+    assert len(s.problems) == 3
+    assert "malformed record of type 6" in s.problems[0]
+    assert "unknown record type 99" in s.problems[1]
+    assert "malformed record of type 3" in s.problems[2]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_reader_never_crashes_on_mutated_streams(data: st.DataObject) -> None:
+    raw = bytearray(_sample_stream())
+    for _ in range(data.draw(st.integers(0, 8))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    raw = raw[:data.draw(st.integers(0, len(raw)))]
+    try:
+        s = parse_stream(bytes(raw), "f")
+    except CuptiStreamError as e:
+        assert str(e).startswith("f: ")
+        return
+    stalls_from_stream(s)  # whatever survived converts without error
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_reader_never_crashes_on_random_records(body: bytes) -> None:
+    try:
+        parse_stream(_header() + body, "r")
+    except CuptiStreamError as e:
+        assert str(e).startswith("r: ")
+
+
+def test_build_is_cached_and_rebuilt_per_key(cupti: CuptiInstall, tmp_path: Path) -> None:
+    a = build_injection(cupti, cache_dir=tmp_path)
+    mtime = a.stat().st_mtime_ns
+    assert build_injection(cupti, cache_dir=tmp_path) == a and a.stat().st_mtime_ns == mtime
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(a)], capture_output=True, text=True, check=True).stdout
+    assert "InitializeInjection" in syms and "aiflame_cupti_write_pcs" in syms
+    # Links libc only: nothing NVIDIA's is needed to load it (libcupti is dlopened at run time).
+    needed = subprocess.run(["readelf", "-d", str(a)], capture_output=True, text=True, check=True).stdout
+    assert "cupti" not in needed and "libcuda" not in needed
+    assert os.access(a, os.R_OK)
