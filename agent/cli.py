@@ -157,10 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "shrank against BEFORE (captures or folded files; totals normalized, see --opt normalize)")
     _add_view_options(r)
 
-    from aiflame.agent import gpu_symbols_cmd, import_cmd
+    from aiflame.agent import daemon_cmd, gpu_symbols_cmd, import_cmd
 
     gpu_symbols_cmd.add_parser(sub)
     import_cmd.add_parser(sub)
+    daemon_cmd.add_parser(sub)
     from aiflame.agent import report_cmd
 
     report_cmd.add_parser(sub)
@@ -397,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_render(args, console)
         if args.cmd == "report":
             return cmd_report(args, console)
+        if args.cmd in ("agent", "trigger", "status", "top"):
+            from aiflame.agent import daemon_cmd
+
+            return daemon_cmd.run(args)
         if args.cmd == "import":
             from aiflame.agent import import_cmd
 

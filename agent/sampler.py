@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,14 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
     return None
 
 
+DETACH_THREADS = 32
+
+
+def _close_all(probes: list[Uprobe]) -> None:
+    for u in probes:
+        u.close()
+
+
 class CpuSampler:
     """Owns the BPF object. Call start(), then poll() on a timer, then close()."""
 
@@ -293,6 +302,10 @@ class CpuSampler:
         t = self._bpf["libs_seen"]
         t[t.Key(path_hash)] = t.Leaf(1)
 
+    def forget_libraries_seen(self) -> None:
+        """Opens of any library stop targets again (after the probes were detached to be placed anew)."""
+        self._bpf["libs_seen"].clear()
+
     def counters(self) -> dict[str, int]:
         table = self._bpf["counters"]
         out = {}
@@ -308,11 +321,20 @@ class CpuSampler:
                       "probe_spec": "layout_spec"}
         return {struct_name: self._bpf[table].Leaf for struct_name, table in names.items()}
 
-    def detach_probes(self) -> None:
-        """Remove every runtime probe attached so far (the program stays loaded)."""
-        for u in self._uprobes:
-            u.close()
-        self._uprobes.clear()
+    def detach_probes(self, background: bool = False) -> None:
+        """Remove every runtime probe attached so far (the program stays loaded). Each detach waits out the
+        kernel's uprobe grace period (~0.2 s here), so they run on parallel threads and the waits overlap;
+        with `background`, without waiting for them."""
+        probes, self._uprobes = self._uprobes, []
+        if not probes:
+            return
+        lanes = [probes[i::DETACH_THREADS] for i in range(min(DETACH_THREADS, len(probes)))]
+        threads = [threading.Thread(target=_close_all, args=(lane,), daemon=True) for lane in lanes]
+        for t in threads:
+            t.start()
+        if not background:
+            for t in threads:
+                t.join()
 
     def close(self) -> None:
         self.detach_probes()

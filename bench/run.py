@@ -16,6 +16,7 @@ BENCHES = [
     ["bench_uprobe.py"],
     ["bench_fatbin.py"],
     ["bench_gloo.py"],
+    ["bench_daemon.py"],
 ]
 
 

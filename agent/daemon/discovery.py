@@ -1,0 +1,180 @@
+"""Process discovery: a cheap periodic scan of /proc that finds the processes to watch (those that map an
+accelerator runtime, or match the configured selectors) and notices the ones that are gone.
+
+Each pid is identified with its start time, so a reused pid is a new process. A process that is not (yet) a
+target is re-checked now and then: a Python job maps libtorch or libcudart only when it imports them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiflame.agent.daemon.config import WatchConfig
+
+# File names of accelerator runtimes as they appear in /proc/PID/maps (versioned sonames included).
+_ACCEL = re.compile(
+    r"/(?P<lib>libcudart|libcuda|libnccl|libze_loader|libtorch_cuda|libtorch_cpu|libtorch|libamdhip64)"
+    r"(?:-[0-9a-f]{8})?\.so(?:\.[0-9.]+)?(?: \(deleted\))?$"
+)
+RUNTIME_OF = {
+    "libcudart": "cuda", "libcuda": "cuda", "libnccl": "nccl", "libze_loader": "level_zero",
+    "libtorch_cuda": "torch", "libtorch_cpu": "torch", "libtorch": "torch", "libamdhip64": "hip",
+}
+
+
+def accelerator_runtimes(maps_text: str) -> set[str]:
+    """The accelerator runtimes a process maps, from the text of its /proc/PID/maps."""
+    found: set[str] = set()
+    for line in maps_text.splitlines():
+        slash = line.find("/")
+        if slash < 0:
+            continue
+        m = _ACCEL.search(line, slash - 1 if slash else 0)
+        if m:
+            found.add(RUNTIME_OF[m.group("lib")])
+    return found
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What the selectors look at."""
+
+    pid: int
+    start: int  # start time in clock ticks since boot (tells a reused pid apart)
+    comm: str
+    exe: str
+    cmdline: str
+    cgroup: str
+    runtimes: frozenset[str]
+
+
+class Selector:
+    """The watch rules of the configuration, compiled."""
+
+    def __init__(self, cfg: WatchConfig) -> None:
+        self.cfg = cfg
+        self._cmdlines = [re.compile(r) for r in cfg.cmdlines]
+
+    @staticmethod
+    def _glob(patterns: Iterable[str], info: ProcInfo) -> bool:
+        base = os.path.basename(info.exe)
+        return any(fnmatch.fnmatchcase(info.comm, p) or (base and fnmatch.fnmatchcase(base, p)) for p in patterns)
+
+    def wants(self, info: ProcInfo) -> bool:
+        if self._glob(self.cfg.exclude, info):
+            return False
+        if self.cfg.accelerators and info.runtimes:
+            return True
+        if self._glob(self.cfg.names, info):
+            return True
+        if any(r.search(info.cmdline) for r in self._cmdlines):
+            return True
+        return any(info.cgroup == c or info.cgroup.startswith(c.rstrip("/") + "/") for c in self.cfg.cgroups)
+
+    @property
+    def needs_maps(self) -> bool:
+        return self.cfg.accelerators
+
+
+def _read(path: str) -> str:
+    with open(path, "rb") as f:
+        data = f.read()
+    return data.decode(errors="replace")
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat; None when the process is gone."""
+    try:
+        stat = _read(f"/proc/{pid}/stat")
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_info(pid: int, with_maps: bool) -> ProcInfo | None:
+    """The selector's view of `pid`; None for a process that is gone or a kernel thread."""
+    start = start_time(pid)
+    if start is None:
+        return None
+    try:
+        cmdline = _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
+        if not cmdline:
+            return None  # kernel threads (and zombies) have no command line
+        comm = _read(f"/proc/{pid}/comm").strip()
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            exe = ""
+        cgroup = ""
+        for line in _read(f"/proc/{pid}/cgroup").splitlines():
+            if line.startswith("0::"):  # the unified hierarchy
+                cgroup = line[3:]
+        runtimes = frozenset(accelerator_runtimes(_read(f"/proc/{pid}/maps"))) if with_maps else frozenset()
+    except OSError:
+        return None
+    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, runtimes)
+
+
+class Discovery:
+    """Finds targets in /proc. `scan()` returns the new targets and the pids seen before that are gone.
+
+    Memory stays bounded by the number of live processes: entries for vanished pids are dropped at each scan.
+    """
+
+    def __init__(self, selector: Selector, exclude_pids: Iterable[int] = (), recheck_s: float = 10.0) -> None:
+        self.selector = selector
+        self.recheck_s = recheck_s
+        self._exclude = set(exclude_pids)
+        self._seen: dict[int, tuple[int, float]] = {}  # non-target pid -> (start time, when checked)
+        self.targets: dict[int, ProcInfo] = {}
+
+    def set_selector(self, selector: Selector) -> None:
+        """A reloaded configuration: every non-target is checked again at the next scan."""
+        self.selector = selector
+        self._seen.clear()
+
+    def scan(self, now: float | None = None) -> tuple[list[ProcInfo], list[int]]:
+        now = time.monotonic() if now is None else now
+        live: set[int] = set()
+        new: list[ProcInfo] = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            live.add(pid)
+            if pid in self.targets or pid in self._exclude:
+                continue
+            seen = self._seen.get(pid)
+            if seen is not None and now - seen[1] < self.recheck_s:
+                continue
+            info = read_info(pid, self.selector.needs_maps)
+            if info is None:
+                self._seen.pop(pid, None)
+                continue
+            if seen is not None and seen[0] != info.start:
+                seen = None  # the pid was reused
+            if self.selector.wants(info):
+                self._seen.pop(pid, None)
+                self.targets[pid] = info
+                new.append(info)
+            else:
+                self._seen[pid] = (info.start, now)
+        gone = [pid for pid in self.targets if pid not in live]
+        for pid in gone:
+            del self.targets[pid]
+        for pid in [p for p in self._seen if p not in live]:
+            del self._seen[pid]
+        return new, gone
+
+    def add(self, info: ProcInfo) -> None:
+        self.targets[info.pid] = info
+
+    def forget(self, pid: int) -> None:
+        """The process exited (its exit event came before the next scan)."""
+        self.targets.pop(pid, None)
+        self._seen.pop(pid, None)

@@ -1,0 +1,83 @@
+"""The control protocol: requests round-trip, and anything malformed is a ProtocolError (fuzzed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiflame.agent.daemon.protocol import (
+    LatestRequest,
+    ProtocolError,
+    Response,
+    StatusRequest,
+    TriggerRequest,
+    encode_request,
+    encode_response,
+    parse_request,
+    parse_response,
+)
+
+
+@pytest.mark.parametrize("req", [
+    StatusRequest(), LatestRequest(3), TriggerRequest((12, 40)), TriggerRequest(all_targets=True, duration_s=2.5,
+                                                                              frequency=499, chakra=True),
+])
+def test_round_trip(req: object) -> None:
+    assert parse_request(encode_request(req).rstrip(b"\n")) == req  # type: ignore[arg-type]
+
+
+def test_response_round_trip() -> None:
+    r = Response(True, data={"dir": "/var/lib/aiflame/captures/x", "samples": 3})
+    assert parse_response(encode_response(r)) == r
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (b"nope", "not valid JSON"),
+    (b"[1]", "must be a JSON object"),
+    (b'{"op": "run", "cmd": "rm -rf /"}', "unknown op 'run'"),
+    (b'{"op": "trigger", "pids": [1], "output": "/etc/passwd"}', "unknown field(s) in request: output"),
+    (b'{"op": "trigger", "pids": [], "all": false}', "give either pids or all"),
+    (b'{"op": "trigger", "pids": [1], "all": true}', "give either pids or all"),
+    (b'{"op": "trigger", "pids": [-3]}', "pids must be a list"),
+    (b'{"op": "trigger", "pids": ["1"]}', "pids must be a list"),
+    (b'{"op": "trigger", "all": true, "duration_s": -1}', "duration_s must be > 0"),
+    (b'{"op": "trigger", "all": true, "duration_s": "10"}', "duration_s must be a number"),
+    (b'{"op": "trigger", "all": true, "frequency": 1.5}', "frequency must be a positive integer"),
+    (b'{"op": "status", "v": 9}', "unsupported protocol version"),
+    (b'{"op": "latest", "count": 0}', "count must be an integer"),
+    (b"{" * 70000, "request too large"),
+])
+def test_malformed_requests(line: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError) as e:
+        parse_request(line)
+    assert message in str(e.value)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                     max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=300), _json.map(lambda v: json.dumps(v).encode()),
+                 st.dictionaries(st.sampled_from(["op", "pids", "all", "duration_s", "frequency", "chakra", "v",
+                                                  "count"]), _json, max_size=6).map(lambda v: json.dumps(v).encode())))
+def test_fuzz_requests(line: bytes) -> None:
+    try:
+        req = parse_request(line)
+    except ProtocolError:
+        return
+    if isinstance(req, TriggerRequest):
+        assert bool(req.pids) != req.all_targets and all(p > 0 for p in req.pids)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_responses(line: bytes) -> None:
+    try:
+        parse_response(line)
+    except ProtocolError:
+        pass

@@ -1,0 +1,147 @@
+"""Discovery's pure parts (accelerator runtimes in /proc maps, selectors) and the output tree: atomic
+publication, and retention that deletes the oldest windows and nothing else."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiflame.agent.daemon.config import WatchConfig
+from aiflame.agent.daemon.discovery import Discovery, ProcInfo, Selector, accelerator_runtimes
+from aiflame.agent.daemon.windows import (
+    WINDOW_RE,
+    OutputDirs,
+    Stored,
+    enforce_count,
+    enforce_retention,
+    plan_retention,
+)
+
+MAPS = """\
+55d0c0a00000-55d0c0a01000 r-xp 00000000 08:01 123 /usr/bin/python3.11
+7f0000000000-7f0000100000 r-xp 00010000 08:01 456 /opt/venv/nvidia/nccl/lib/libnccl.so.2
+7f0000200000-7f0000300000 r-xp 00010000 08:01 457 /usr/local/cuda/lib64/libcudart.so.12.4.99
+7f0000400000-7f0000500000 r-xp 00010000 08:01 458 /usr/lib/x86_64-linux-gnu/libze_loader.so.1.8.0
+7f0000600000-7f0000700000 r-xp 00010000 08:01 459 /site/torch/lib/libtorch_cpu.so
+7f0000800000-7f0000900000 r-xp 00010000 08:01 460 /site/x/libcudart-8a1b2c3d.so.12 (deleted)
+7f0000a00000-7f0000b00000 r-xp 00010000 08:01 461 /usr/lib/libcudartfake.so
+7f0000c00000-7f0000d00000 rw-p 00000000 00:00 0 [heap]
+"""
+
+
+def test_accelerator_runtimes_in_maps() -> None:
+    assert accelerator_runtimes(MAPS) == {"nccl", "cuda", "level_zero", "torch"}
+    assert accelerator_runtimes("7f-8f r-xp 0 0:0 1 /usr/lib/libc.so.6\n") == set()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=400))
+def test_accelerator_runtimes_any_text(text: str) -> None:
+    assert accelerator_runtimes(text) <= {"cuda", "nccl", "level_zero", "torch", "hip"}
+
+
+def _info(comm: str = "python", runtimes: frozenset[str] = frozenset(), cmdline: str = "python train.py",
+          cgroup: str = "/user.slice", exe: str = "/usr/bin/python3.11") -> ProcInfo:
+    return ProcInfo(42, 1, comm, exe, cmdline, cgroup, runtimes)
+
+
+def test_selector_rules() -> None:
+    default = Selector(WatchConfig())
+    assert default.wants(_info(runtimes=frozenset({"cuda"})))
+    assert not default.wants(_info())
+    sel = Selector(WatchConfig(accelerators=False, names=("train*",), cmdlines=(r"--model\s",),
+                               cgroups=("/system.slice/job.service",), exclude=("jupyter*",)))
+    assert not sel.wants(_info(runtimes=frozenset({"cuda"})))
+    assert sel.wants(_info(comm="trainer"))
+    assert sel.wants(_info(exe="/opt/bin/train_llm"))
+    assert sel.wants(_info(cmdline="python main.py --model gpt"))
+    assert sel.wants(_info(cgroup="/system.slice/job.service/worker"))
+    assert not sel.wants(_info(cgroup="/system.slice/job.service2"))
+    assert not sel.wants(_info(comm="jupyter-lab", cmdline="jupyter --model x"))
+
+
+def test_discovery_scan_finds_this_process_by_name() -> None:
+    me = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+    d = Discovery(Selector(WatchConfig(accelerators=False, names=(me,))))
+    new, gone = d.scan()
+    assert os.getpid() in {i.pid for i in new} and not gone
+    again, _ = d.scan()
+    assert os.getpid() not in {i.pid for i in again}  # known targets are not reported twice
+    d.forget(os.getpid())
+    assert os.getpid() not in d.targets
+
+
+def _window(parent: Path, name: str, size: int, age_s: float) -> Path:
+    d = parent / name
+    d.mkdir()
+    (d / "profile.aiflame").write_bytes(b"x" * size)
+    t = time.time() - age_s
+    os.utime(d, (t, t))
+    return d
+
+
+def test_retention_deletes_oldest_windows_and_nothing_else(tmp_path: Path) -> None:
+    out = OutputDirs(tmp_path)
+    assert out.prepare() == []
+    w = out.windows
+    old = _window(w, "20260101T000000Z-000001", 100, 10_000)
+    mid = _window(w, "20260101T000100Z-000002", 100, 50)
+    new = _window(w, "20260101T000200Z-000003", 100, 10)
+    newest = _window(w, "20260101T000300Z-000004", 100, 1)
+    foreign = w / "notes"  # not ours: never touched
+    foreign.mkdir()
+    (w / "README").write_text("keep")
+    partial = out.new_partial(w, "20260101T000400Z-000005")
+    deleted = enforce_retention(w, WINDOW_RE, time.time(), max_age_s=3600, max_bytes=250)
+    assert deleted == [old, mid]
+    assert new.exists() and newest.exists() and foreign.exists() and (w / "README").exists() and partial.exists()
+
+
+def test_retention_keeps_the_newest_even_when_over_budget() -> None:
+    stored = [Stored(Path(f"/x/{i}"), 0.0, 1000) for i in range(3)]
+    assert [s.path.name for s in plan_retention(stored, 1e9, 1.0, 10)] == ["0", "1"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 5000)), max_size=20), st.integers(0, 20_000),
+       st.integers(1, 10_000))
+def test_retention_plan_properties(items: list[tuple[int, int]], max_bytes: int, max_age: int) -> None:
+    stored = [Stored(Path(f"/w/{i:04d}"), 100_000.0 - age, size) for i, (size, age) in enumerate(items)]
+    doomed = plan_retention(stored, 100_000.0, max_age, max_bytes)
+    kept = [s for s in stored if s not in doomed]
+    # Only what is over age, or the oldest while over budget, goes.
+    for s in doomed:
+        older_total = sum(x.size for x in stored if x.path.name >= s.path.name)
+        assert 100_000.0 - s.mtime > max_age or older_total > max_bytes
+    if stored:
+        assert stored[-1] in kept
+    over_age = [s for s in kept[:-1] if 100_000.0 - s.mtime > max_age]
+    assert not over_age
+    if len(kept) > 1:
+        assert sum(s.size for s in kept) <= max_bytes or len(kept) == 1
+
+
+def test_publish_and_crash_leftovers(tmp_path: Path) -> None:
+    out = OutputDirs(tmp_path)
+    out.prepare()
+    p = out.new_partial(out.windows, "20260101T000000Z-000001")
+    (p / "profile.aiflame").write_bytes(b"data")
+    final = out.publish(p)
+    assert final.name == "20260101T000000Z-000001" and (final / "profile.aiflame").exists()
+    out.new_partial(out.windows, "20260101T000100Z-000002")  # a crash left this behind
+    notes = OutputDirs(tmp_path).prepare()
+    assert (out.windows / "20260101T000100Z-000002-incomplete").is_dir() and len(notes) == 1
+    assert (out.windows.stat().st_mode & 0o007) == 0  # no access for others
+
+
+def test_captures_kept_by_count(tmp_path: Path) -> None:
+    from aiflame.agent.daemon.windows import CAPTURE_RE
+
+    for i in range(5):
+        (tmp_path / f"20260101T00000{i}Z-c{i:04d}").mkdir()
+    deleted = enforce_count(tmp_path, CAPTURE_RE, 2)
+    assert [d.name[-5:] for d in deleted] == ["c0000", "c0001", "c0002"]
