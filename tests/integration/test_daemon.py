@@ -108,7 +108,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 def _workload(tmp: Path, seconds: float) -> subprocess.Popen[bytes]:
     script = tmp / "workload.py"
     script.write_text(WORKLOAD)
-    return subprocess.Popen([sys.executable, str(script), str(_libnccl()), str(seconds)])
+    # its own process group, so the child it forks goes with it (see _kill)
+    return subprocess.Popen([sys.executable, str(script), str(_libnccl()), str(seconds)], start_new_session=True)
+
+
+def _kill(work: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(work.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    work.wait(timeout=60)
 
 
 def _samples_by_pid(windows: list[Path]) -> dict[int, int]:
@@ -166,8 +175,7 @@ def test_trigger_and_status(daemon: Daemon) -> None:
         assert (cap_dir / "profile.folded").stat().st_size > 0 and (cap_dir / "profile.svg").exists()
         assert (cap_dir / "profile.aiflame").stat().st_mode & 0o077 in (0, 0o040)  # no world access
     finally:
-        work.terminate()
-        work.wait(timeout=60)
+        _kill(work)
     human = daemon.client("status")
     assert human.returncode == 0 and "windows written" in human.stdout
 
