@@ -185,6 +185,7 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
     return None
 
 
+TARGET_ON, TARGET_PY = 1, 2  # flags of the targets map, as in cpu_sampler.bpf.c
 DETACH_THREADS = 32
 
 
@@ -254,7 +255,16 @@ class CpuSampler:
 
     def add_target(self, pid: int) -> None:
         t = self._bpf["targets"]
-        t[t.Key(pid)] = t.Leaf(1)
+        t[t.Key(pid)] = t.Leaf(TARGET_ON)
+
+    def _set_target_flags(self, pid: int, flags: int) -> None:
+        """Change a target's flags; a pid that is not a target stays out."""
+        t = self._bpf["targets"]
+        try:
+            t[t.Key(pid)]
+        except KeyError:
+            return
+        t[t.Key(pid)] = t.Leaf(flags)
 
     def remove_target(self, pid: int) -> None:
         t = self._bpf["targets"]
@@ -267,8 +277,10 @@ class CpuSampler:
         """Turn on the Python walk for `pid` with its layout (or update it)."""
         t = self._bpf["py_procs"]
         t[t.Key(pid)] = t.Leaf.from_buffer_copy(bytes(proc))
+        self._set_target_flags(pid, TARGET_ON | TARGET_PY)
 
     def clear_python(self, pid: int) -> None:
+        self._set_target_flags(pid, TARGET_ON)
         t = self._bpf["py_procs"]
         try:
             del t[t.Key(pid)]
@@ -292,6 +304,10 @@ class CpuSampler:
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
         t = self._bpf["probe_specs"]
         t[t.Key(probe)] = t.Leaf.from_buffer_copy(bytes(spec))
+
+    def prog_fd(self, ret: bool) -> int:
+        """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics."""
+        return self._prog_fds[ret]
 
     def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None:
         """Probe `path` at file offset `offset` in every process; the program keeps target pids only."""

@@ -34,6 +34,10 @@ enum aiflame_counter {
     CNT_MAX = 10,
 };
 
+/* values of the targets map (agent/sampler.py mirrors them) */
+#define TARGET_ON 1      /* sample and probe this process */
+#define TARGET_PY 2      /* it has a Python walker layout in py_procs */
+
 /* py_flags of a sample */
 #define PY_PRESENT 1     /* the process runs CPython with a verified layout */
 #define PY_TSTATE 2      /* the sampled thread has a Python thread state */

@@ -49,12 +49,19 @@ static __always_inline void count(u32 idx) {
         (*v)++;
 }
 
-static __always_inline int is_target(u32 tgid) {
+/* targets[pid] holds TARGET_* flags (aiflame.h); TARGET_PY is set by the agent with the process's Python layout,
+ * so the walker skips its py_procs lookup in every other process. */
+static __always_inline u32 target_flags(u32 tgid) {
 #ifdef AIFLAME_ALL
-    return tgid != 0;
+    return tgid != 0 ? (TARGET_ON | TARGET_PY) : 0;
 #else
-    return targets.lookup(&tgid) != NULL;
+    u32 *v = targets.lookup(&tgid);
+    return v ? *v : 0;
 #endif
+}
+
+static __always_inline int is_target(u32 tgid) {
+    return target_flags(tgid) != 0;
 }
 
 static __always_inline u64 read_ptr(u64 addr) {
@@ -116,9 +123,12 @@ static __always_inline void put_word(u64 *data, u32 idx, u64 v) {
         data[idx] = v;
 }
 
-static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags, u32 tgid, u32 tid, u32 base) {
+static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags, u32 tgid, u32 tid, u32 base,
+                                        u32 target) {
     *py_count = 0;
     *py_flags = 0;
+    if (!(target & TARGET_PY))
+        return;
     struct py_proc *pp = py_procs.lookup(&tgid);
     if (!pp)
         return;
@@ -179,7 +189,8 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
 int on_sample(struct bpf_perf_event_data *ctx) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!is_target(tgid))
+    u32 target = target_flags(tgid);
+    if (!target)
         return 0;
     count(CNT_SAMPLES);
 
@@ -201,7 +212,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
     u32 nk = rec->kern_len > 0 ? (u32)rec->kern_len / 8 : 0;
     if (nk > AIFLAME_MAX_STACK)
         nk = AIFLAME_MAX_STACK;
-    walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu + nk);
+    walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu + nk, target);
     u32 words = nu + nk + 2 * rec->py_count;
     if (words > AIFLAME_SAMPLE_WORDS)
         words = AIFLAME_SAMPLE_WORDS;
@@ -232,11 +243,11 @@ static __always_inline void emit_proc(u32 kind, u32 pid, u32 child) {
 /* The forking task is current; a new thread of a target is harmless in the map and the agent prunes it. */
 TRACEPOINT_PROBE(sched, sched_process_fork) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!is_target(tgid))
+    u32 target = target_flags(tgid);
+    if (!target)
         return 0;
     u32 child = args->child_pid;
-    u32 one = 1;
-    if (targets.update(&child, &one) != 0)
+    if (targets.update(&child, &target) != 0)
         count(CNT_TARGETS_FULL);
     emit_proc(REC_FORK, tgid, child);
     return 0;

@@ -60,7 +60,8 @@ int on_call(struct pt_regs *ctx) {
     u32 probe = (u32)bpf_get_attach_cookie(ctx);
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!is_target(tgid))
+    u32 target = target_flags(tgid);
+    if (!target)
         return 0;
     struct probe_spec *spec = probe_specs.lookup(&probe);
     u32 zero = 0;
@@ -115,7 +116,7 @@ int on_call(struct pt_regs *ctx) {
         u32 nu = (u32)rec->user_len / 8;
         if (nu > AIFLAME_MAX_STACK)
             nu = AIFLAME_MAX_STACK;
-        walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu);
+        walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu, target);
         words = nu + 2 * rec->py_count;
     }
     if (spec->flags & PROBE_OUT) {
@@ -157,8 +158,10 @@ int on_ret(struct pt_regs *ctx) {
     rec->ret = ctx->ax;
     rec->out = 0;
     rec->out_ok = 0;
+    /* the out-pointer hash is consulted only by probes that have one (an array lookup is far cheaper) */
+    struct probe_spec *spec = probe_specs.lookup(&probe);
     u64 key = (id << 32) | probe;
-    u64 *ptr = call_outs.lookup(&key);
+    u64 *ptr = spec && (spec->flags & PROBE_OUT) ? call_outs.lookup(&key) : NULL;
     if (ptr) {
         if (bpf_probe_read_user(&rec->out, 8, (void *)*ptr) == 0)
             rec->out_ok = 1;

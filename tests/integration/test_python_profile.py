@@ -67,7 +67,11 @@ def test_merged_view_keeps_native_leaf_and_marks_kinds(tmp_path: Path) -> None:
     prof = symbolize_capture(cap, options=StackOptions(group="none", python="merged"))
     kinds = Counter(f.kind for s in prof.samples for f in s.stack)
     assert kinds[FrameKind.PYTHON] > 0 and kinds[FrameKind.NATIVE] > 0
-    assert prof.counters.get("python_samples", 0) >= 0.99 * len(prof.samples)
+    assert prof.counters.get("python_samples", 0) >= 0.95 * len(prof.samples)
+    # Samples without Python frames are only those taken before the agent attached to the interpreter.
+    t0 = min(s.time_ns for s in cap.samples)
+    late = [s for s in cap.samples if not s.py_flags and s.time_ns - t0 > 150_000_000]
+    assert not late, [(s.tid, (s.time_ns - t0) / 1e6) for s in late[:5]]
     folded = (tmp_path / "profile.folded").read_text()
     assert "py::spin (" in folded and f"py_split.py:{HOT_LINE})" in folded
 

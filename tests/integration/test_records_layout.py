@@ -4,6 +4,7 @@ real sampler and compares BCC's view of the C structs with the Python mirror, fi
 from __future__ import annotations
 
 import ctypes
+import re
 from typing import Any
 
 from aiflame.agent.records import CallRec, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RetRec, SampleRec
@@ -33,3 +34,11 @@ def test_print_bpf_inlines_header_and_defines() -> None:
     text = bpf_source(SamplerConfig(follow_children=True))
     assert "#define AIFLAME_FOLLOW" in text
     assert "struct sample_rec {" in text and '#include "aiflame.h"' not in text
+
+
+def test_target_flags_agree() -> None:
+    from aiflame.agent.sampler import TARGET_ON, TARGET_PY
+
+    text = bpf_source(SamplerConfig())
+    defines = dict(re.findall(r"^#define (TARGET_\w+) (\d+)", text, re.M))
+    assert defines == {"TARGET_ON": str(TARGET_ON), "TARGET_PY": str(TARGET_PY)}
