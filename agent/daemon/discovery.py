@@ -81,6 +81,9 @@ class Selector:
         return self.cfg.accelerators
 
 
+KTHREAD_RECHECK_S = 600.0  # kernel threads were re-read at every scan: most of an idle daemon's CPU
+
+
 def _read(path: str) -> str:
     with open(path, "rb") as f:
         data = f.read()
@@ -130,7 +133,7 @@ class Discovery:
         self.selector = selector
         self.recheck_s = recheck_s
         self._exclude = set(exclude_pids)
-        self._seen: dict[int, tuple[int, float]] = {}  # non-target pid -> (start time, when checked)
+        self._seen: dict[int, tuple[int, float]] = {}  # non-target pid -> (start time, when to look again)
         self.targets: dict[int, ProcInfo] = {}
 
     def set_selector(self, selector: Selector) -> None:
@@ -150,11 +153,15 @@ class Discovery:
             if pid in self.targets or pid in self._exclude:
                 continue
             seen = self._seen.get(pid)
-            if seen is not None and now - seen[1] < self.recheck_s:
+            if seen is not None and now < seen[1]:
                 continue
             info = read_info(pid, self.selector.needs_maps)
             if info is None:
-                self._seen.pop(pid, None)
+                start = start_time(pid)
+                if start is None:
+                    self._seen.pop(pid, None)
+                else:  # a kernel thread (no command line): never a target, looked at again only rarely
+                    self._seen[pid] = (start, now + KTHREAD_RECHECK_S)
                 continue
             if seen is not None and seen[0] != info.start:
                 seen = None  # the pid was reused
@@ -163,7 +170,7 @@ class Discovery:
                 self.targets[pid] = info
                 new.append(info)
             else:
-                self._seen[pid] = (info.start, now)
+                self._seen[pid] = (info.start, now + self.recheck_s)
         gone = [pid for pid in self.targets if pid not in live]
         for pid in gone:
             del self.targets[pid]

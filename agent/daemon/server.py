@@ -55,7 +55,7 @@ from aiflame.agent.session import SessionError, _alive, check_root
 
 log = logging.getLogger("aiflame.daemon")
 
-POLL_S = 0.1
+POLL_S = 0.5  # records that need the agent now (library opens, exits) wake the poll at once
 MAX_CLIENTS = 8  # control connections served at once
 READ_TIMEOUT_S = 5.0
 

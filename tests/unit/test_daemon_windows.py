@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,6 +74,30 @@ def test_discovery_scan_finds_this_process_by_name() -> None:
     assert os.getpid() not in {i.pid for i in again}  # known targets are not reported twice
     d.forget(os.getpid())
     assert os.getpid() not in d.targets
+
+
+def test_discovery_reads_kernel_threads_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernel threads have no command line; a scan must not read their /proc files again every time."""
+    from aiflame.agent.daemon import discovery
+
+    kthreads = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_kthread(int(p))]
+    assert kthreads, "no kernel thread visible in /proc"
+    d = Discovery(Selector(WatchConfig(accelerators=True)))
+    d.scan(now=100.0)
+    reads: list[int] = []
+    real = discovery.read_info
+    monkeypatch.setattr(discovery, "read_info", lambda pid, maps: reads.append(pid) or real(pid, maps))
+    d.scan(now=102.0)
+    assert not set(reads) & set(kthreads)
+    d.scan(now=100.0 + discovery.KTHREAD_RECHECK_S + 1)
+    assert set(kthreads) & set(reads), "kernel threads are still looked at, rarely"
+
+
+def _is_kthread(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == b""
+    except OSError:
+        return False
 
 
 def _window(parent: Path, name: str, size: int, age_s: float) -> Path:
