@@ -113,8 +113,16 @@ def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_pat
     kinds = Counter(re.findall(r'data-kind="(\w+)"', svg))
     assert kinds["accel_source"] > 0 and kinds["accel_instr"] > 0 and kinds["stall"] > 0 and kinds["separator"] > 0
     # Palette: green instructions and reasons, aqua kernels/source, grey '-'.
-    for kind, test in (("accel_instr", lambda r, g, b: g > r and g > b), ("stall", lambda r, g, b: g > r and g > b),
-                       ("accel_source", lambda r, g, b: g > r and b > r), ("separator", lambda r, g, b: r == g == b)):
+    def green(r: int, g: int, b: int) -> bool:
+        return g > r and g > b
+
+    def aqua(r: int, g: int, b: int) -> bool:
+        return g > r and b > r
+
+    def grey(r: int, g: int, b: int) -> bool:
+        return r == g == b
+
+    for kind, test in (("accel_instr", green), ("stall", green), ("accel_source", aqua), ("separator", grey)):
         for r, g, b in re.findall(rf'data-kind="{kind}"[^>]*>.*?fill="rgb\((\d+),(\d+),(\d+)\)"', svg):
             assert test(int(r), int(g), int(b)), (kind, r, g, b)
     raw = get_exporter("pprof").render(view)
@@ -127,9 +135,10 @@ def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_pat
     locs = {loc.id: funcs[loc.line[0].function_id] for loc in p.location}
     reasons = Counter[str]()
     for s in p.sample:
-        labels = {st[lab.key]: (st[lab.str] if lab.str else lab.num) for lab in s.label}
+        strs = {st[lab.key]: st[lab.str] for lab in s.label if lab.str}
+        nums = {st[lab.key]: lab.num for lab in s.label if not lab.str}
         leaf = locs[s.location_id[0]]
-        assert labels["stall_reason"] == leaf and labels["kernel"] in ("scale", "add") and labels["pid"] > 0
+        assert strs["stall_reason"] == leaf and strs["kernel"] in ("scale", "add") and nums["pid"] > 0
         reasons[leaf] += s.value[0]
     assert set(reasons) == {"long_scoreboard", "math_pipe_throttle", "wait"}
     buf = io.StringIO()

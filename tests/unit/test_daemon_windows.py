@@ -86,7 +86,11 @@ def test_discovery_reads_kernel_threads_once(monkeypatch: pytest.MonkeyPatch) ->
     d.scan(now=100.0)
     reads: list[int] = []
     real = discovery.read_info
-    monkeypatch.setattr(discovery, "read_info", lambda pid, maps: reads.append(pid) or real(pid, maps))
+    def counting(pid: int, maps: bool) -> discovery.ProcInfo | None:
+        reads.append(pid)
+        return real(pid, maps)
+
+    monkeypatch.setattr(discovery, "read_info", counting)
     d.scan(now=102.0)
     assert not set(reads) & set(kthreads)
     d.scan(now=100.0 + discovery.KTHREAD_RECHECK_S + 1)

@@ -25,8 +25,8 @@ def kernel(name: str) -> Frame:
     return Frame(name, K.KERNEL)
 
 
-def render(profile: Profile, **options: bool) -> str:
-    return FoldedExporter(**options).render(profile).decode("utf-8")
+def render(profile: Profile, **options: bool | str) -> str:
+    return FoldedExporter(**options).render(profile).decode("utf-8")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
