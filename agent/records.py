@@ -12,6 +12,7 @@ SAMPLE_WORDS = 2 * MAX_STACK + 2 * MAX_PY_FRAMES
 MAX_PROBES = 256
 PROBE_ARGS = 8
 PROBE_DEREFS = 4
+PROBE_REGS = 6
 CALL_STR = 128
 PATH_LEN = 256
 
@@ -38,6 +39,7 @@ class ProbeFlag(enum.IntFlag):
     STR = 2
     OUT = 4
     STOP = 8
+    REGS = 16
 
 
 class Counter(enum.IntEnum):
@@ -114,6 +116,7 @@ class ProbeSpecRec(ctypes.Structure):
         ("off", ctypes.c_int32 * PROBE_DEREFS),
         ("str_src", ctypes.c_int16),
         ("out_arg", ctypes.c_int16),
+        ("regs", ctypes.c_int16 * PROBE_REGS),
     ]
 
 

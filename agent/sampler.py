@@ -309,9 +309,10 @@ class CpuSampler:
         """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics."""
         return self._prog_fds[ret]
 
-    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None:
-        """Probe `path` at file offset `offset` in every process; the program keeps target pids only."""
-        self._uprobes.append(attach_uprobe(self._prog_fds[ret], path, offset, probe, ret=ret))
+    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False, ref_ctr: int = 0) -> None:
+        """Probe `path` at file offset `offset` in every process; the program keeps target pids only.
+        `ref_ctr`: file offset of a USDT semaphore to raise while attached (0: none)."""
+        self._uprobes.append(attach_uprobe(self._prog_fds[ret], path, offset, probe, ret=ret, ref_ctr=ref_ctr))
 
     def mark_library_seen(self, path_hash: int) -> None:
         """Opens of this path (FNV-1a of its bytes, as the target passed them) no longer stop targets."""

@@ -97,12 +97,15 @@ class Uprobe:
                 pass
 
 
-def attach_uprobe(prog_fd: int, path: str, offset: int, cookie: int, *, ret: bool = False) -> Uprobe:
-    """Probe file offset `offset` of `path` in every process (the BPF program filters pids)."""
+def attach_uprobe(prog_fd: int, path: str, offset: int, cookie: int, *, ret: bool = False,
+                  ref_ctr: int = 0) -> Uprobe:
+    """Probe file offset `offset` of `path` in every process (the BPF program filters pids). `ref_ctr`: the file
+    offset of a USDT semaphore (u16) the kernel raises in every process mapping the file while attached."""
     attr = _PerfEventAttr()
     attr.type = _pmu_type()
     attr.size = ctypes.sizeof(attr)
-    attr.config = _retprobe_bit() if ret else 0
+    # format/ref_ctr_offset reads "config:32-63"
+    attr.config = (_retprobe_bit() if ret else 0) | (ref_ctr << 32)
     attr.sample_period = 1
     attr.wakeup_events = 1
     path_buf = ctypes.create_string_buffer(os.fsencode(path))

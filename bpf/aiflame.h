@@ -111,6 +111,8 @@ struct proc_rec {
 #define PROBE_STR 2     /* read a NUL-terminated string at source str_src */
 #define PROBE_OUT 4     /* at return, read the u64 the call wrote at its entry argument out_arg */
 #define PROBE_STOP 8    /* stop the process (SIGSTOP) and wake the agent, which continues it (e.g. at exit()) */
+#define PROBE_REGS 16   /* args[0-5] hold the registers regs[] names instead (USDT probes: any register) */
+#define AIFLAME_PROBE_REGS 6
 
 struct probe_spec {
     __u32 flags;       /* PROBE_* */
@@ -118,6 +120,8 @@ struct probe_spec {
     __s32 off[AIFLAME_PROBE_DEREFS];
     __s16 str_src;
     __s16 out_arg;
+    /* PROBE_REGS: args[i] = register regs[i] (0-15: rax rbx rcx rdx rsi rdi rbp rsp r8-r15), -1 = 0 */
+    __s16 regs[AIFLAME_PROBE_REGS];
 };
 
 /* Header, then user_len/8 user addresses (leaf first) and py_count Python frames (2 words each) in data[]. */

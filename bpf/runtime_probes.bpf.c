@@ -83,6 +83,16 @@ int on_call(struct pt_regs *ctx) {
     if (bpf_probe_read_user(top, sizeof(top), (void *)ctx->sp) != 0)
         top[0] = read_ptr(ctx->sp);
     rec->args[7] = top[0];
+    if (spec->flags & PROBE_REGS) {
+        /* USDT sites: arguments may sit in any general register */
+        u64 regs[16] = {ctx->ax, ctx->bx, ctx->cx, ctx->dx, ctx->si, ctx->di, ctx->bp, ctx->sp,
+                        ctx->r8, ctx->r9, ctx->r10, ctx->r11, ctx->r12, ctx->r13, ctx->r14, ctx->r15};
+#pragma unroll
+        for (int i = 0; i < AIFLAME_PROBE_REGS; i++) {
+            s16 r = spec->regs[i];
+            rec->args[i] = r < 0 ? 0 : regs[r & 15];
+        }
+    }
     rec->deref_ok = 0;
 #pragma unroll
     for (int i = 0; i < AIFLAME_PROBE_DEREFS; i++) {

@@ -4,6 +4,8 @@ A probe reads raw values only (bpf/runtime_probes.bpf.c): argument registers, up
 string, and for return probes the return value and a value written through an out-pointer argument. Sources
 are numbered: ARG0-ARG5 are the integer argument registers, SP the stack pointer at entry (stack arguments sit
 at SP+8, SP+16...), RET_ADDR the caller's return address, DEREF0-DEREF3 the results of earlier reads.
+A spec with `regs` (USDT sites, whose arguments may sit in any general register) fills ARG0-ARG5 with the
+registers it names instead (symbolize/usdt.py REGISTERS order).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ V = TypeVar("V")
 ARG0, ARG1, ARG2, ARG3, ARG4, ARG5, SP, RET_ADDR = range(8)
 DEREF0, DEREF1, DEREF2, DEREF3 = range(8, 12)
 MAX_DEREFS = 4
+MAX_REGS = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,30 @@ class Deref:
 
     src: int
     offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UsdtValue:
+    """Where one USDT argument is found in a Call: a captured register (ARGn), a deref (DEREFn), or a
+    constant (`src` -1); cut to `size` bytes, signed or not."""
+
+    src: int
+    size: int = 8
+    signed: bool = False
+    const: int = 0
+
+    def value(self, call: Call) -> int | None:
+        if self.src < 0:
+            raw: int | None = self.const
+        elif self.src >= DEREF0:
+            raw = call.derefs[self.src - DEREF0]
+        else:
+            raw = call.args[self.src]
+        if raw is None:
+            return None
+        bits = 8 * self.size
+        v = raw & ((1 << bits) - 1)
+        return v - (1 << bits) if self.signed and v >> (bits - 1) else v
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +70,14 @@ class ProbeSpec:
     string: int = -1  # a source holding a char* to read (-1: none)
     out_arg: int = -1  # an argument pointing where the call writes a result (a handle), read at return
     stop: bool = False  # stop the process at entry until the agent has looked at it (see ProbeManager)
+    regs: tuple[int, ...] = ()  # registers (0-15) captured as ARG0.. instead of the argument registers
+    # a USDT site: where each of its arguments is in the Call (UsdtValue), and its semaphore's file offset
+    usdt: tuple[UsdtValue, ...] = ()
+    semaphore: int = 0
 
     def __post_init__(self) -> None:
+        if len(self.regs) > MAX_REGS:
+            raise ValueError(f"{self.call}: at most {MAX_REGS} registers")
         if len(self.derefs) > MAX_DEREFS:
             raise ValueError(f"{self.call}: at most {MAX_DEREFS} derefs")
         if self.out_arg >= 0 and not self.ret:
@@ -170,6 +203,11 @@ class Runtime(abc.ABC):
     def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
         """The events of one call (none, one, or several), and code objects it loaded. Called once the call
         returned, or when the capture ends before it did (end_ns 0); nested calls finish before their parent."""
+
+    def usdt(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """USDT sites this runtime probes in any library that has them: (provider, name) -> (the call name
+        events carry, index of the argument that is a char* to read or -1)."""
+        return {}
 
     def forget(self, pid: int) -> None:  # noqa: B027 - optional hook: stateless runtimes keep the default
         """The process exited or exec'd: drop its state."""

@@ -1,6 +1,8 @@
 """Level Zero (oneAPI, Intel GPUs) through its loader: module creation (the SPIR-V or zebin it was given is kept
 as GpuCode), kernel creation (handle -> name), kernel launches (group counts), copies and fills, command-list
-submission and host synchronization.
+submission and host synchronization. Where a library carries the USDT probes of iaprof's patched compute
+runtime, `level_zero:launch_kernel(iba, start VA, size, name)` and `level_zero:compile_kernel(debug zebin
+path)`, their sites are probed too: kernel placements for mapping Xe EU-stall IPs (symbolize/xe_eu_stall.py).
 
 Only libze_loader is probed: the driver (libze_intel_gpu) and the layers are reached through the loader's
 dispatch tables, not by exported names, so each API call is one event. Struct offsets below are from
@@ -40,6 +42,7 @@ FORMAT_IL_SPIRV, FORMAT_NATIVE = 0, 1
 KERNEL_FLAGS, KERNEL_NAME = 16, 24
 SPIRV_MAGIC = b"\x03\x02\x23\x07"  # 0x07230203 little-endian
 MAX_MODULE_BYTES = 512 << 20
+USDT_LAUNCH, USDT_COMPILE = "level_zero:launch_kernel", "level_zero:compile_kernel"
 CALL_STR_MAX = 127  # bytes of a string the probe can read (bpf/aiflame.h AIFLAME_CALL_STR, less the NUL)
 
 
@@ -124,6 +127,9 @@ class LevelZeroRuntime(Runtime):
     def wants(self, lib: Library) -> bool:
         return lib.basename.startswith("libze_loader.so")
 
+    def usdt(self) -> dict[tuple[str, str], tuple[str, int]]:
+        return {("level_zero", "launch_kernel"): (USDT_LAUNCH, 3), ("level_zero", "compile_kernel"): (USDT_COMPILE, 0)}
+
     def forget(self, pid: int) -> None:
         drop_pid(self._modules, pid)
         drop_pid(self._kernels, pid)
@@ -131,6 +137,8 @@ class LevelZeroRuntime(Runtime):
     def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call
         ret = {} if call.ret is None else {"ret": call.ret & 0xFFFFFFFF}  # ze_result_t: codes like 0x78000001
+        if name in (USDT_LAUNCH, USDT_COMPILE):
+            return [self._usdt(call, mem)]
         if name == "zeModuleCreate":
             return self._module(call, mem, ret)
         if name == "zeKernelCreate":
@@ -251,3 +259,26 @@ class LevelZeroRuntime(Runtime):
             if digest:
                 strs["module_digest"] = digest
         return _event(call, "compute", args, strs)
+
+    @staticmethod
+    def _usdt(call: Call, mem: ProcessMemory) -> RawEvent:
+        """A USDT site: launch_kernel gives a kernel placement (meta: the API launch already counts it), and
+        compile_kernel the path of the debug zebin it wrote."""
+        values = [v.value(call) for v in call.spec.usdt]
+        launch = call.spec.call == USDT_LAUNCH
+        text_at = 3 if launch else 0
+        ptr = values[text_at] if len(values) > text_at else None
+        text = call.string.decode("utf-8", "replace") if call.string else None
+        if ptr and (text is None or len(call.string or b"") >= CALL_STR_MAX):
+            text = mem.read_cstr(call.pid, ptr) or text
+        args: dict[str, int] = {}
+        strs: dict[str, str] = {}
+        if launch:
+            for key, v in zip(("iba", "kernel_va", "kernel_size"), values, strict=False):
+                if v is not None:
+                    args[key] = v
+            if text:
+                strs["name"] = text
+        elif text:
+            strs["debug_zebin"] = text
+        return _event(call, "meta", args, strs)

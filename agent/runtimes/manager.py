@@ -9,13 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from aiflame.agent.records import ProbeFlag, ProbeSpecRec
+from aiflame.agent.records import MAX_PROBES, ProbeFlag, ProbeSpecRec
 from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, ProcessMemory, Runtime
+from aiflame.agent.runtimes.usdt import usdt_spec
 from aiflame.agent.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
 from aiflame.agent.uprobes import UprobeError
 from aiflame.raw import GpuCode, RawEvent
 from aiflame.symbolize.elf import ElfFile
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.usdt import read_notes
 
 MAX_PENDING_PER_THREAD = 64  # open calls per thread kept for pairing (deeper nesting is a lost return)
 
@@ -44,6 +46,10 @@ def spec_rec(spec: ProbeSpec) -> ProbeSpecRec:
         rec.out_arg = spec.out_arg
     if spec.stop:
         flags |= ProbeFlag.STOP
+    for i in range(len(rec.regs)):
+        rec.regs[i] = spec.regs[i] if i < len(spec.regs) else -1
+    if spec.regs:
+        flags |= ProbeFlag.REGS
     rec.flags = int(flags)
     return rec
 
@@ -52,7 +58,8 @@ class ProbeTarget(Protocol):
     """What the manager needs from the sampler (tests stand in for BPF)."""
 
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None: ...
-    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None: ...
+    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False,
+                     ref_ctr: int = 0) -> None: ...
     def mark_library_seen(self, path_hash: int) -> None: ...
 
 
@@ -137,8 +144,55 @@ class ProbeManager:
     def _attach_file(self, elf: ElfFile, path: str, key: tuple[int, int]) -> Attached | None:
         lib = Library(path, frozenset(s.name for s in elf.sections))
         wanted = [(probe, rt, spec) for probe, (rt, spec) in enumerate(self._specs) if rt.wants(lib)]
-        if not wanted:
-            return None
+        done = self._attach_symbols(elf, path, wanted) if wanted else None
+        if ".note.stapsdt" in lib.sections:
+            done = self._attach_usdt(elf, path, done)
+        self._files[key] = done
+        return done
+
+    def _attach_usdt(self, elf: ElfFile, path: str, done: Attached | None) -> Attached | None:
+        """A probe per USDT site some runtime asks for; each site gets its own spec (its own locations)."""
+        sites = {k: (rt, v) for rt in self.runtimes for k, v in rt.usdt().items()}
+        if not sites:
+            return done
+        try:
+            notes = read_notes(elf)
+        except SymbolizeError as e:
+            self.warnings.append(f"{path}: {e}")
+            return done
+        for note in notes:
+            site = sites.get((note.provider, note.name))
+            if site is None or note.offset < 0:
+                continue
+            rt, (call, string_arg) = site
+            if len(self._specs) >= MAX_PROBES:
+                self.warnings.append(f"{path}: {call}: more than {MAX_PROBES} probes, site {note.pc:#x} skipped")
+                continue
+            try:
+                spec = usdt_spec(note, call, string_arg)
+            except SymbolizeError as e:
+                self.warnings.append(f"{path}: site {note.pc:#x}: {e}")
+                continue
+            probe = len(self._specs)
+            self._specs.append((rt, spec))
+            self._owner[id(spec)] = rt
+            self._bpf.set_probe_spec(probe, spec_rec(spec))
+            try:
+                if spec.semaphore:
+                    self._bpf.attach_probe(elf.path, note.offset, probe, ref_ctr=spec.semaphore)
+                else:
+                    self._bpf.attach_probe(elf.path, note.offset, probe)
+            except UprobeError as e:
+                self.warnings.append(str(e))
+                continue
+            if done is None:
+                done = Attached(path, rt.name)
+                self.attached.append(done)
+            done.calls.append(call)
+        return done
+
+    def _attach_symbols(self, elf: ElfFile, path: str,
+                        wanted: list[tuple[int, Runtime, ProbeSpec]]) -> Attached | None:
         names = {s for _, _, spec in wanted for s in spec.symbols}
         addrs = elf.function_addresses(names)
         done: Attached | None = None
@@ -160,7 +214,6 @@ class ProbeManager:
                 done = Attached(path, rt.name)
                 self.attached.append(done)
             done.calls.append(spec.call)
-        self._files[key] = done
         return done
 
     def consider_process(self, pid: int, paths: list[str]) -> None:

@@ -26,7 +26,7 @@ class FakeBpf:
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
         self.specs[probe] = spec
 
-    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False) -> None:
+    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False, ref_ctr: int = 0) -> None:
         self.attached.append((path, offset, probe, ret))
 
     def mark_library_seen(self, path_hash: int) -> None:

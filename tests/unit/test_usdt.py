@@ -1,0 +1,70 @@
+"""SDT note and argument parsing (symbolize/usdt.py) on built notes; the real notes of a compiled program are
+checked against readelf in tests/integration/test_runtime_level_zero_usdt.py."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiflame.symbolize.usdt import REGISTERS, UsdtArg, UsdtError, parse_args, parse_notes
+
+
+def _note(pc: int, base: int, sem: int, provider: bytes, name: bytes, args: bytes, owner: bytes = b"stapsdt",
+          ntype: int = 3) -> bytes:
+    desc = struct.pack("<QQQ", pc, base, sem) + provider + b"\0" + name + b"\0" + args + b"\0"
+    own = owner + b"\0"
+
+    def pad(b: bytes) -> bytes:
+        return b + bytes(-len(b) % 4)
+
+    return struct.pack("<III", len(own), len(desc), ntype) + pad(own) + pad(desc)
+
+
+def test_args() -> None:
+    assert parse_args("8@%rdi -4@$5 8@-16(%rbp) 2@(%r12) 8@%eax") == (
+        UsdtArg(8, False, "reg", REGISTERS.index("rdi")), UsdtArg(4, True, "const", value=5),
+        UsdtArg(8, False, "mem", REGISTERS.index("rbp"), -16), UsdtArg(2, False, "mem", REGISTERS.index("r12")),
+        UsdtArg(8, False, "reg", 0))
+    assert UsdtArg(4, True, "reg").cut(0xFFFFFFFF_FFFFFFFE) == -2
+
+
+@pytest.mark.parametrize("bad", ["3@%rdi", "8@%xmm0", "8@foo(%rip)", "8@(%rax,%rbx,8)", "8@"])
+def test_bad_args(bad: str) -> None:
+    with pytest.raises(UsdtError):
+        parse_args(bad)
+
+
+def test_notes_and_base_adjustment() -> None:
+    data = _note(0x1000, 0x2000, 0x4000, b"level_zero", b"launch_kernel", b"8@%rdi 8@%rax") + \
+        _note(0, 0, 0, b"x", b"y", b"", owner=b"GNU") + _note(0x1100, 0x2000, 0, b"p", b"n", b"")
+    notes = parse_notes(data, base_addr=0x2100)  # prelinked 0x100 higher
+    assert [(n.provider, n.name, n.pc, n.semaphore) for n in notes] == [
+        ("level_zero", "launch_kernel", 0x1100, 0x4100), ("p", "n", 0x1200, 0)]
+    assert parse_notes(data)[0].pc == 0x1000
+
+
+def test_malformed() -> None:
+    good = _note(0x1000, 0x2000, 0, b"p", b"n", b"8@%rdi")
+    with pytest.raises(UsdtError):
+        parse_notes(good[:-8])
+    with pytest.raises(UsdtError):
+        parse_notes(struct.pack("<III", 8, 8, 3) + b"stapsdt\0" + bytes(8))
+
+
+@given(st.binary(max_size=256))
+def test_fuzz_never_crashes(data: bytes) -> None:
+    try:
+        parse_notes(data)
+    except UsdtError:
+        pass
+
+
+@given(st.text(max_size=40))
+def test_fuzz_args(text: str) -> None:
+    try:
+        parse_args(text)
+    except UsdtError:
+        pass
