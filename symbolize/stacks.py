@@ -21,6 +21,7 @@ TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
 
 MISSING_USER = Frame("[missing user stack]", FrameKind.UNKNOWN)
 UNKNOWN_KERNEL = Frame("[unknown]", FrameKind.KERNEL, module="[kernel]")
+BROKEN_CHAIN = Frame("[unknown]", FrameKind.UNKNOWN)  # the rest of a user stack whose frame chain broke
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,11 @@ def symbolize_capture(
             if key in located:
                 continue
             m = idx.find(addr, s.time_ns) if idx else None
-            if m is None or not m.path.startswith("/"):
-                located[key] = (m, 0) if m else None
+            if m is None:
+                located[key] = None
+                break  # the chain broke here (see _user_frames): nothing rootward is a real frame
+            if not m.path.startswith("/"):
+                located[key] = (m, 0)
                 continue
             off = addr - m.start + m.file_offset - (1 if depth else 0)
             located[key] = (m, off)
@@ -159,15 +163,19 @@ def _user_frames(
     if not s.user:
         # A sample taken in the kernel on behalf of a thread with no user stack (or a failed lookup).
         return [MISSING_USER] if s.user_err or not s.kern else []
-    out: list[Frame] = []
     multi = bool(idx and len(idx.snaps) > 1)
-    last = len(s.user) - 1
-    for i, addr in enumerate(reversed(s.user)):
-        hit = located.get((s.pid, addr, s.time_ns if multi else 0, i == last))
+    when = s.time_ns if multi else 0
+    hits: list[tuple[Mapping, int]] = []
+    # Leaf first: an address in no executable mapping cannot be a return address, so the frame-pointer chain
+    # broke there (code built without frame pointers) and every frame rootward of it came from the broken
+    # chain. One `[unknown]` stands for them instead of up to a hundred garbage frames.
+    for depth, addr in enumerate(s.user):
+        hit = located.get((s.pid, addr, when, depth == 0))
         if hit is None:
-            out.append(Frame("[unknown]", FrameKind.UNKNOWN))
-            continue
-        m, off = hit
+            break
+        hits.append(hit)
+    out: list[Frame] = [BROKEN_CHAIN] if len(hits) < len(s.user) else []
+    for m, off in reversed(hits):
         if not m.path.startswith("/"):
             out.append(Frame("[unknown]", FrameKind.UNKNOWN, module=m.path or "[anon]"))
             continue
