@@ -353,6 +353,16 @@ class CpuSampler:
             for t in threads:
                 t.join()
 
+    def stop_stopping(self) -> None:
+        """From now on no probe or library open stops a target. Returns once none that had started can still be
+        running (detaching waits them out), so every stop record already sent is in the ring buffer."""
+        self.detach_probes()
+        if self.config.probes:
+            try:
+                self._bpf.detach_tracepoint(b"syscalls:sys_enter_openat")
+            except Exception:  # BCC raises bare Exception; already detached
+                pass
+
     def close(self) -> None:
         self.detach_probes()
         if self._bpf is not None:

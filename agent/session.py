@@ -303,15 +303,15 @@ class Session:
                 self._stop_reason = f"command exited ({launcher.exit_code})"
             elif not launcher and not _alive(root_pid):
                 self._stop_reason = "target exited"
-        # Never leave a target stopped: with no process a target any more, no probe or library open stops one
-        # again; the drain then answers the stops already sent, and finish() continues any still held.
+        # Never leave a target stopped: with no process a target any more and the stopping probes detached (which
+        # waits out any still running), every stop already sent is in the ring; the drain answers them and
+        # finish() continues any still held.
         for pid in sampler.targets():
             sampler.remove_target(pid)
+        if self.probes:
+            sampler.stop_stopping()
         self._drain(sampler, writer)
         if self.probes:
-            self.probes.finish()
-            time.sleep(0.005)  # a probe that passed its target check just before the removal may still stop one
-            self._drain(sampler, writer)
             self.probes.finish()
             self._write_probe_output(writer)
             cubins, self._code_warnings = launched_cubins(self._events, self._memory_fatbins)

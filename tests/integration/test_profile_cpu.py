@@ -76,6 +76,36 @@ def test_pid_mode_and_duration(examples: Path, tmp_path: Path) -> None:
         target.wait()
 
 
+OPENER = """
+import os
+print("ready", flush=True)
+i = 0
+while True:
+    try:
+        os.open(f"/nonexistent-aiflame/lib{i}.so", os.O_RDONLY)  # each new .so path stops it until handled
+    except OSError:
+        pass
+    i += 1
+"""
+
+
+def test_target_is_never_left_stopped(tmp_path: Path) -> None:
+    """A target stopped at a library open when the capture ends is continued (it was left in state T)."""
+    script = tmp_path / "opener.py"
+    script.write_text(OPENER)
+    for n in range(2):
+        target = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+            aiflame("profile", "-q", "-p", str(target.pid), "-d", "1", "-o", str(tmp_path / f"o{n}"))
+            time.sleep(0.3)
+            state = Path(f"/proc/{target.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert state in ("R", "S"), f"run {n}: target left in state {state}"
+        finally:
+            target.kill()
+            target.wait()
+
+
 def test_ctrl_c_keeps_a_complete_capture(examples: Path, tmp_path: Path) -> None:
     out = tmp_path / "intr"
     proc = subprocess.Popen(
