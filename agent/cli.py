@@ -6,15 +6,17 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from aiflame import __version__
+from aiflame.agent import argtypes
 from aiflame.agent.accel.cupti import CuptiOptions
 from aiflame.agent.capture import MAGIC, CaptureError, read_capture
+from aiflame.agent.outputs import CHAKRA, FORMATS, View, capture_views, write_views
 from aiflame.agent.report_cmd import ReportError
 from aiflame.agent.sampler import SamplerConfig, SamplerError, bpf_source
 from aiflame.agent.session import Session, SessionConfig, SessionError, SessionStats
@@ -31,8 +33,6 @@ from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
 USER_ERRORS = (CaptureError, SamplerError, SessionError, ExportError, SymbolizeError, ObfuscateError, ReportError)
-CHAKRA = "chakra"  # several files (one per rank), so not an Exporter of the registry
-FORMATS = (*REGISTRY, CHAKRA)
 
 EXAMPLES = """examples:
   aiflame profile --pid 1234 -d 30            profile a running process for 30 s
@@ -43,39 +43,6 @@ EXAMPLES = """examples:
   aiflame render out/profile.folded -o flame.svg --opt title="my job"
   aiflame doctor                              what this host supports
 """
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return v
-
-
-def _frequency(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= v <= 20000:
-        raise argparse.ArgumentTypeError("must be between 1 and 20000 Hz")
-    return v
-
-
-def _int_range(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            v = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}")
-        return v
-
-    return parse
 
 
 def _add_view_options(p: argparse.ArgumentParser) -> None:
@@ -108,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     tgt.add_argument("-p", "--pid", type=int, help="profile this running process and all its threads")
     tgt.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: start CMD and follow its children")
     smp = p.add_argument_group("sampling")
-    smp.add_argument("-d", "--duration", type=_positive_float, help="seconds to capture (default: until exit/Ctrl-C)")
-    smp.add_argument("-F", "--frequency", type=_frequency, default=99, help="samples per second per CPU (99)")
+    smp.add_argument("-d", "--duration", type=argtypes.positive_float,
+                     help="seconds to capture (default: until exit/Ctrl-C)")
+    smp.add_argument("-F", "--frequency", type=argtypes.frequency, default=99, help="samples per second per CPU (99)")
     smp.add_argument("--event", choices=("auto", "cpu-clock", "cycles"), default="cpu-clock",
                      help="perf event to sample on: cpu-clock (default), cycles, or auto (cycles if the PMU has it)")
     out = p.add_argument_group("output")
@@ -126,11 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     gs = p.add_argument_group("accelerator stall samples (NVIDIA CUPTI in targets started with -- CMD; Intel xe)")
     gs.add_argument("--no-gpu-samples", action="store_true",
                     help="do not load the CUPTI PC-sampling collector into the command, nor open Xe EU stall streams")
-    gs.add_argument("--gpu-sample-period", type=_int_range(5, 31), default=20, metavar="N",
+    gs.add_argument("--gpu-sample-period", type=argtypes.int_range(5, 31), default=20, metavar="N",
                     help="one sample per SM every 2^N cycles (5-31, default 20: ~1,600 per SM per second at 1.7 GHz)")
-    gs.add_argument("--gpu-hw-buffer", type=_int_range(1 << 20, 1 << 34), default=64 << 20, metavar="BYTES",
+    gs.add_argument("--gpu-hw-buffer", type=argtypes.int_range(1 << 20, 1 << 34), default=64 << 20, metavar="BYTES",
                     help="device memory for CUPTI's sample buffer (default 64 MiB; CUPTI's own default is 512 MiB)")
-    gs.add_argument("--gpu-stream-limit", type=_int_range(1 << 20, 1 << 40), default=1 << 30, metavar="BYTES",
+    gs.add_argument("--gpu-stream-limit", type=argtypes.int_range(1 << 20, 1 << 40), default=1 << 30, metavar="BYTES",
                     help="most bytes of samples and cubins one process may write (1 GiB; beyond that, counted drops)")
     _add_view_options(p)
 
@@ -240,33 +208,17 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     prof = symbolize_capture(cap, native, options=_view(args))
     written = [result.capture]
     target = cfg.command and " ".join(cfg.command) or f"pid {args.pid}"
-    views = [(cfg.prefix, prof, f"{prof.total_weight} samples at {args.frequency} Hz")]
-    launches = launch_profile(prof)
-    if launches.samples:  # the launch view: which CPU stacks launched which kernels
-        views.append(("launches", launches, f"{launches.total_weight} kernel launches"))
-    stalls = None
-    if cap.stalls:  # the AI flame graph: stall samples on the stacks that launched their kernels
-        from aiflame.symbolize.stalls import stall_profile
+    views = capture_views(cap, prof, cfg.prefix)
 
-        stalls = stall_profile(cap, prof)
-        views.append(("stalls", stalls, f"{stalls.total_weight} stall samples"))
-    for prefix, view, what in views:
-        if CHAKRA in formats and view is prof and any(e.kind != EventKind.OTHER for e in prof.events):
-            files, traces = write_traces(prof, out_dir / prefix)
-            written.extend(files)
-            result.warnings.extend(f"chakra: {w}" for w in traces.warnings)
-        for name in formats:
-            if name == CHAKRA:
-                continue
-            options: dict[str, object] = {}
-            if name == "svg":
-                label = " (launches)" if view is launches else " (stall samples)" if view is stalls else ""
-                options["title"] = args.title or f"aiflame: {target}" + label
-                options["subtitle"] = f"{what}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"
-            exporter = get_exporter(name, **options)
-            path = out_dir / f"{prefix}{exporter.extension}"
-            exporter.write(view, path)
-            written.append(path)
+    def svg_options(v: View) -> dict[str, object]:
+        rate = f" at {args.frequency} Hz" if v.profile is prof else ""
+        return {"title": args.title or f"aiflame: {target}{v.label}",
+                "subtitle": f"{v.what}{rate}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"}
+
+    files, notes = write_views(views, formats, out_dir, svg_options)
+    written += files
+    result.warnings.extend(notes)
+    stalls = next((v.profile for v in views if v.prefix == "stalls"), None)
     if not args.quiet:
         from aiflame.agent.summary import print_summary
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from aiflame.agent import argtypes
 from aiflame.agent.daemon.config import ConfigError, ControlConfig
 from aiflame.agent.daemon.protocol import (
     ProtocolError,
@@ -37,36 +38,6 @@ EXAMPLES = """examples:
 """
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return v
-
-
-def _frequency(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= v <= 20000:
-        raise argparse.ArgumentTypeError("must be between 1 and 20000 Hz")
-    return v
-
-
-def _pid(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a process id: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return v
-
-
 def _add_socket(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
                    help=f"the daemon's control socket (default {DEFAULT_SOCKET})")
@@ -87,10 +58,11 @@ def add_parser(subparsers: Any) -> None:
     t = subparsers.add_parser("trigger", help="ask the running daemon for a high-resolution capture",
                               epilog=EXAMPLES, formatter_class=fmt)
     which = t.add_mutually_exclusive_group(required=True)
-    which.add_argument("-p", "--pid", type=_pid, action="append", help="process to capture (repeatable)")
+    which.add_argument("-p", "--pid", type=argtypes.pid, action="append", help="process to capture (repeatable)")
     which.add_argument("--all", action="store_true", help="every process the daemon watches")
-    t.add_argument("-d", "--duration", type=_positive_float, help="seconds (default: the daemon's, 10)")
-    t.add_argument("-F", "--frequency", type=_frequency, help="samples per second per CPU (default: the daemon's, 99)")
+    t.add_argument("-d", "--duration", type=argtypes.positive_float, help="seconds (default: the daemon's, 10)")
+    t.add_argument("-F", "--frequency", type=argtypes.frequency,
+                   help="samples per second per CPU (default: the daemon's, 99)")
     t.add_argument("--chakra", action="store_true", help="also write Chakra execution traces")
     _add_socket(t)
 
@@ -101,11 +73,11 @@ def add_parser(subparsers: Any) -> None:
 
     top = subparsers.add_parser("top", help="live view of the hottest stacks, kernels and collectives",
                                 epilog=EXAMPLES, formatter_class=fmt)
-    top.add_argument("-p", "--pid", type=_pid, help="only this process (default: what the daemon watches, or "
+    top.add_argument("-p", "--pid", type=argtypes.pid, help="only this process (default: what the daemon watches, or "
                      "every process when no daemon runs)")
-    top.add_argument("-i", "--interval", type=_positive_float, default=2.0,
+    top.add_argument("-i", "--interval", type=argtypes.positive_float, default=2.0,
                      help="seconds between updates of the own collector (default 2)")
-    top.add_argument("-F", "--frequency", type=_frequency, default=49,
+    top.add_argument("-F", "--frequency", type=argtypes.frequency, default=49,
                      help="sampling rate of the own collector (default 49)")
     top.add_argument("-n", "--iterations", type=int, default=0, help=argparse.SUPPRESS)  # tests: stop after N
     top.add_argument("--own", action="store_true", help="use an own collector even when a daemon runs")

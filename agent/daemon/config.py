@@ -150,13 +150,12 @@ def _abs_path(where: str, v: Any) -> Path:
 
 
 def _formats(where: str, v: Any) -> tuple[str, ...]:
-    from aiflame.exporters import REGISTRY
+    from aiflame.agent.outputs import FORMATS
 
-    known = [*REGISTRY, "chakra"]  # chakra writes one file per rank, so it is not a registry exporter
     out: tuple[str, ...] = _strings()(where, v)
     for f in out:
-        if f not in known:
-            raise ConfigError(f"{where}: unknown format {f!r} (known: {', '.join(known)})")
+        if f not in FORMATS:
+            raise ConfigError(f"{where}: unknown format {f!r} (known: {', '.join(FORMATS)})")
     return out
 
 

@@ -14,13 +14,9 @@ from pathlib import Path
 
 from aiflame.agent.capture import read_capture
 from aiflame.agent.daemon.windows import OutputDirs
-from aiflame.exporters import REGISTRY, get_exporter
-from aiflame.exporters.chakra import write_traces
-from aiflame.model import EventKind
-from aiflame.symbolize.events import launch_profile
+from aiflame.agent.outputs import capture_views, write_views
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import symbolize_capture
-from aiflame.symbolize.stalls import stall_profile
 
 log = logging.getLogger("aiflame.daemon")
 
@@ -36,38 +32,11 @@ class ExportJob:
 
 def export_capture(capture: Path, formats: tuple[str, ...], title: str,
                    native: NativeSymbolizer) -> tuple[list[Path], list[str]]:
-    """Write `formats` of `capture` next to it (and the launch and stall views when there are launches or stall
-    samples); "chakra" writes one `profile.<rank>.et` per rank."""
+    """Write `formats` of `capture`'s views next to it (agent.outputs); "chakra" writes one
+    `profile.<rank>.et` per rank."""
     cap = read_capture(capture)
-    prof = symbolize_capture(cap, native)
-    views = [("profile", prof)]
-    launches = launch_profile(prof)
-    if launches.samples:
-        views.append(("launches", launches))
-    if cap.stalls:
-        views.append(("stalls", stall_profile(cap, prof)))
-    written: list[Path] = []
-    notes: list[str] = []
-    if "chakra" in formats:
-        if any(e.kind != EventKind.OTHER for e in prof.events):
-            files, traces = write_traces(prof, capture.parent / "profile")
-            written += files
-            notes += [f"chakra: {w}" for w in traces.warnings]
-        else:
-            notes.append("chakra: no collectives, launches or copies in this capture, so no traces")
-    for prefix, view in views:
-        for name in formats:
-            if name == "chakra":
-                continue
-            if name not in REGISTRY:
-                notes.append(f"the {name} exporter is not available in this build")
-                continue
-            options: dict[str, object] = {"title": f"{title} ({prefix})"} if name == "svg" else {}
-            exporter = get_exporter(name, **options)
-            path = capture.parent / f"{prefix}{exporter.extension}"
-            exporter.write(view, path)
-            written.append(path)
-    return written, notes
+    views = capture_views(cap, symbolize_capture(cap, native))
+    return write_views(views, formats, capture.parent, lambda v: {"title": f"{title} ({v.prefix})"})
 
 
 class ExportWorker:
