@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from aiflame.agent.summary_events import Totals, event_totals, human_bytes
 from aiflame.model import EventKind, Profile
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#bab0ac")
@@ -25,14 +26,7 @@ class ReportError(ValueError):
     """A report cannot be made from this input; one line."""
 
 
-@dataclass
-class CommTotals:
-    """One collective on one rank."""
-
-    calls: int = 0
-    bytes: int = 0
-    ns: int = 0
-    max_bytes: int = 0
+CommTotals = Totals  # one collective on one rank
 
 
 @dataclass(frozen=True)
@@ -57,18 +51,13 @@ class Flag:
 
 def comm_totals(prof: Profile) -> dict[str, dict[int, CommTotals]]:
     """collective name -> rank -> totals, over the capture's collective events (send/recv included)."""
-    out: dict[str, dict[int, CommTotals]] = defaultdict(lambda: defaultdict(CommTotals))
-    for ev in prof.events:
-        if ev.kind != EventKind.COLLECTIVE:
-            continue
-        rank = ev.rank if ev.rank >= 0 else -ev.pid  # unranked: told apart by pid, shown negative
-        nbytes = ev.args.get("bytes", 0)
-        t = out[ev.name][rank]
-        t.calls += 1
-        t.bytes += int(nbytes) if isinstance(nbytes, int | float) else 0
-        t.max_bytes = max(t.max_bytes, int(nbytes) if isinstance(nbytes, int | float) else 0)
-        t.ns += ev.duration_ns
-    return {k: dict(v) for k, v in out.items()}
+    # unranked events are told apart by pid, shown negative
+    flat = event_totals(((ev.name, ev.rank if ev.rank >= 0 else -ev.pid), ev)
+                        for ev in prof.events if ev.kind == EventKind.COLLECTIVE)
+    out: dict[str, dict[int, CommTotals]] = defaultdict(dict)
+    for (name, rank), t in flat.items():
+        out[name][rank] = t
+    return dict(out)
 
 
 def imbalance(totals: dict[str, dict[int, CommTotals]], size_threshold: float = 0.1,
@@ -95,14 +84,6 @@ def imbalance(totals: dict[str, dict[int, CommTotals]], size_threshold: float = 
     return flags
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def plot_svg(totals: dict[str, dict[int, CommTotals]], flags: list[Flag], title: str = "") -> str:
     """Bytes per rank for each collective as horizontal bars (log scale), flagged ranks outlined in red."""
     ranks = sorted({r for per in totals.values() for r in per})
@@ -126,7 +107,7 @@ def plot_svg(totals: dict[str, dict[int, CommTotals]], flags: list[Flag], title:
             w = scale * math.log10(t.bytes + 1)
             colour = PALETTE[i % len(PALETTE)]
             stroke = ' stroke="#d62728" stroke-width="2"' if (name, r) in flagged else ""
-            label = f"rank {r}: {t.calls} calls, {_human(t.bytes)}"
+            label = f"rank {r}: {t.calls} calls, {human_bytes(t.bytes)}"
             parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar - 2}" fill="{colour}"{stroke}>'
                          f'<title>{xml_escape(name)} {xml_escape(label)}</title></rect>')
             parts.append(f'<text x="{left + w + 4:.1f}" y="{y + bar - 4}" font-size="10">{xml_escape(label)}</text>')
@@ -170,7 +151,7 @@ def report_comm(prof: Profile, console: Console, size_threshold: float, time_thr
     for name, per in sorted(totals.items()):
         for r, x in sorted(per.items()):
             t.add_row(escape(name), str(r), cell(str(x.calls), name, r, "calls"),
-                      cell(_human(x.bytes), name, r, "bytes"), _human(x.max_bytes),
+                      cell(human_bytes(x.bytes), name, r, "bytes"), human_bytes(x.max_bytes),
                       cell(f"{x.ns / 1e6:.3f}", name, r, "time ms"))
     console.print(t)
     if flags:

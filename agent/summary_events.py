@@ -17,7 +17,7 @@ from aiflame.model import EventKind, FrameKind, Profile, Stack, TraceEvent
 _SKIP = (FrameKind.PROCESS, FrameKind.SEPARATOR)
 
 
-def _bytes(n: float) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -40,26 +40,32 @@ def _rank_label(ev: TraceEvent) -> str:
 
 
 @dataclass
-class _Totals:
+class Totals:
+    """Events of one kind summed: calls, bytes, time, and the largest of each."""
+
     calls: int = 0
     bytes: int = 0
     ns: int = 0
     max_ns: int = 0
+    max_bytes: int = 0
 
 
 K = TypeVar("K")
 
 
-def _totals(items: Iterable[tuple[K, TraceEvent]]) -> dict[K, _Totals]:
-    """Calls, bytes (args["bytes"]), total and longest duration per key."""
-    out: dict[K, _Totals] = defaultdict(_Totals)
+def event_totals(items: Iterable[tuple[K, TraceEvent]]) -> dict[K, Totals]:
+    """Totals per key; bytes from args["bytes"] (0 when absent or not a number)."""
+    out: dict[K, Totals] = defaultdict(Totals)
     for key, e in items:
+        nbytes = e.args.get("bytes", 0)
+        n = int(nbytes) if isinstance(nbytes, int | float) else 0
         x = out[key]
         x.calls += 1
-        x.bytes += int(e.args.get("bytes", 0))
+        x.bytes += n
+        x.max_bytes = max(x.max_bytes, n)
         x.ns += e.duration_ns
         x.max_ns = max(x.max_ns, e.duration_ns)
-    return out
+    return dict(out)
 
 
 def _table(title: str, left: tuple[str, ...], right: tuple[str, ...]) -> Table:
@@ -92,23 +98,23 @@ def print_events(console: Console, prof: Profile, top: int = 10, stacks_per_kern
     copies = [e for e in events if e.kind == EventKind.COPY]
     if copies:
         t = _table("Copies by direction", ("direction",), ("calls", "bytes", "call time ms"))
-        by_dir = _totals((str(e.args.get("direction", e.name)), e) for e in copies)
+        by_dir = event_totals((str(e.args.get("direction", e.name)), e) for e in copies)
         for d, x in sorted(by_dir.items()):
-            t.add_row(escape(d), str(x.calls), _bytes(x.bytes), _ms(x.ns))
+            t.add_row(escape(d), str(x.calls), human_bytes(x.bytes), _ms(x.ns))
         console.print(t)
     syncs = [e for e in events if e.kind == EventKind.SYNC]
     if syncs:
         t = _table("Synchronization", ("call",), ("calls", "total ms", "max ms"))
-        for name, x in sorted(_totals((e.name, e) for e in syncs).items()):
+        for name, x in sorted(event_totals((e.name, e) for e in syncs).items()):
             t.add_row(escape(name), str(x.calls), _ms(x.ns), _ms(x.max_ns))
         console.print(t)
     colls = [e for e in events if e.kind == EventKind.COLLECTIVE]
     if colls:
         t = _table("Collectives per rank", ("rank", "collective"), ("calls", "bytes", "time ms"))
         order = {_rank_label(e): e.rank if e.rank >= 0 else 1 << 30 for e in reversed(colls)}
-        by_rank = _totals(((_rank_label(e), e.name), e) for e in colls)
+        by_rank = event_totals(((_rank_label(e), e.name), e) for e in colls)
         for (label, name), x in sorted(by_rank.items(), key=lambda kv: (order[kv[0][0]], kv[0])):
-            t.add_row(label, escape(name), str(x.calls), _bytes(x.bytes), _ms(x.ns))
+            t.add_row(label, escape(name), str(x.calls), human_bytes(x.bytes), _ms(x.ns))
         console.print(t)
 
 
