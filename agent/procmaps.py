@@ -58,6 +58,19 @@ def read_maps(pid: int) -> list[tuple[int, int, str, int, str, int, str]] | None
         return None
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 (the state letter) on: index 0 is the state, 1 the ppid, 19 the start time.
+    The command name before them may hold spaces and ')', so the split starts after its last ')'. None when the
+    process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    end = text.rfind(")")
+    return text[end + 2:].split() if end >= 0 else None
+
+
 def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int = 0) -> ProcessSnapshot | None:
     """Snapshot the executable mappings of `pid`; None if the process is already gone."""
     maps = read_maps(pid)
@@ -77,9 +90,7 @@ def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int 
             snap.cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
         with open(f"/proc/{pid}/comm") as f:
             snap.comm = f.read().strip()
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        snap.ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        snap.ppid = int((stat_fields(pid) or ["", "0"])[1])
         snap.exe = os.readlink(f"/proc/{pid}/exe")
     except (OSError, ValueError, IndexError):
         pass  # the maps are what matter; the rest is best effort

@@ -20,7 +20,7 @@ from aiflame import __version__
 from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
 from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.gpu_code import launched_cubins
-from aiflame.agent.procmaps import BuildIdCache, read_maps, read_process
+from aiflame.agent.procmaps import BuildIdCache, read_maps, read_process, stat_fields
 from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.rank_env import rank_event
 from aiflame.agent.records import RecKind
@@ -69,13 +69,8 @@ def check_root() -> None:
 
 def _proc_state(pid: int) -> str | None:
     """The state letter of /proc/PID/stat (R, S, Z, ...), None when there is no such process."""
-    if pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid) if pid > 0 else None
+    return fields[0] if fields else None
 
 
 def _alive(pid: int) -> bool:
@@ -478,13 +473,9 @@ def _descendants(pid: int) -> list[int]:
     """The processes below `pid` now (parents before children), from /proc/*/stat."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
+        fields = stat_fields(int(d)) if d.isdigit() else None
+        if fields and len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(d))
     out: list[int] = []
     todo = list(children.get(pid, []))
     while todo:

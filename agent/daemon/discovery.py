@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiflame.agent.daemon.config import WatchConfig
+from aiflame.agent.procmaps import stat_fields
 
 # File names of accelerator runtimes as they appear in /proc/PID/maps (versioned sonames included).
 _ACCEL = re.compile(
@@ -92,10 +93,10 @@ def _read(path: str) -> str:
 
 def start_time(pid: int) -> int | None:
     """Field 22 of /proc/PID/stat; None when the process is gone."""
+    fields = stat_fields(pid)
     try:
-        stat = _read(f"/proc/{pid}/stat")
-        return int(stat[stat.rindex(")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
+        return int(fields[19]) if fields else None
+    except (ValueError, IndexError):
         return None
 
 
