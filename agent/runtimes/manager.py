@@ -178,10 +178,7 @@ class ProbeManager:
             self._owner[id(spec)] = rt
             self._bpf.set_probe_spec(probe, spec_rec(spec))
             try:
-                if spec.semaphore:
-                    self._bpf.attach_probe(elf.path, note.offset, probe, ref_ctr=spec.semaphore)
-                else:
-                    self._bpf.attach_probe(elf.path, note.offset, probe)
+                self._bpf.attach_probe(elf.path, note.offset, probe, ref_ctr=spec.semaphore)  # 0: no semaphore
             except UprobeError as e:
                 self.warnings.append(str(e))
                 continue
