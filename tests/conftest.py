@@ -1,4 +1,4 @@
-"""Shared fixtures: paths to the repo and the example workloads."""
+"""Shared fixtures: paths to the repo, the example workloads and the test programs, the CUPTI wheel."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from aiflame.agent.accel.cupti_build import CuptiInstall, find_cupti
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "bin"
+PROGRAMS = REPO / "tests" / "programs"  # small C programs the tests build against real libraries
 # The profiling targets of this machine kind: pyenv's (shared libpython, no frame pointers) and Debian's static 3.11.
 INTERPRETERS = [
     "/root/.pyenv/versions/3.10.13/bin/python",
@@ -24,3 +27,12 @@ def examples() -> Path:
     """The example workloads, built with frame pointers (examples/Makefile)."""
     subprocess.run(["make", "-s", "-C", str(REPO / "examples")], check=True)
     return EXAMPLES
+
+
+@pytest.fixture(scope="session")
+def cupti() -> CuptiInstall:
+    """NVIDIA's CUPTI from its wheel (the accel-test extra); its absence fails the test, it never skips."""
+    found = find_cupti()
+    if found is None:
+        pytest.fail("nvidia-cuda-cupti is not installed: install the accel-test extra (`make setup`)")
+    return found

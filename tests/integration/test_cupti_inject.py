@@ -13,21 +13,12 @@ from pathlib import Path
 import pytest
 
 from aiflame.agent.accel.cupti import STREAM_DIR
-from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection, find_cupti
+from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection
 from aiflame.agent.capture import read_capture
 from aiflame.symbolize.cupti_stream import parse_stream
+from tests.conftest import PROGRAMS
 from tests.cuda_build import KERNELS_CU, build_cuda, cuda_root
 from tests.integration.conftest import aiflame
-
-PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
-
-
-@pytest.fixture(scope="module")
-def cupti() -> CuptiInstall:
-    found = find_cupti()
-    if found is None:
-        pytest.fail("nvidia-cuda-cupti is not installed: install the accel-test extra (`make setup`)")
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.accel.cupti import stalls_from_stream
-from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection, find_cupti
+from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection
 from aiflame.symbolize.cupti_stream import MAGIC, CuptiStreamError, RecordType, parse_stream
-
-PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
-
-
-@pytest.fixture(scope="module")
-def cupti() -> CuptiInstall:
-    found = find_cupti()
-    if found is None:
-        pytest.fail("nvidia-cuda-cupti is not installed: install the accel-test extra (`make setup`)")
-    return found
+from tests.conftest import PROGRAMS
 
 
 @pytest.fixture(scope="module")

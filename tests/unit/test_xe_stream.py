@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from aiflame.agent.accel import xe_eu_stall as xe
 from aiflame.symbolize.xe_eu_stall import LAYOUTS
-
-PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+from tests.conftest import PROGRAMS
 
 
 def _xe_header() -> tuple[Path, list[str]]:
