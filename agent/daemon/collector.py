@@ -106,11 +106,12 @@ class Collector(Session):
 
     def close(self) -> None:
         if self._sampler is not None and self.probes:
-            # Never leave a target stopped: no process is a target any more (no new stops), the probes are gone
-            # (their programs have finished), and the stop records already sent are drained and answered.
+            # Never leave a target stopped: no process is a target any more (no new stops), the stopping probes
+            # and the library-open tracepoint are gone (their programs have finished), and the stop records
+            # already sent are drained and answered. As at the end of Session._capture.
             for pid in self._sampler.targets():
                 self._sampler.remove_target(pid)
-            self._sampler.detach_probes()
+            self._sampler.stop_stopping()
             self._sampler.poll()
         if self.probes:
             self.probes.finish()
