@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import resource
 import shutil
 import signal
 import socket
@@ -51,7 +50,7 @@ from aiflame.agent.daemon.windows import (
     stamp,
 )
 from aiflame.agent.sampler import SamplerConfig
-from aiflame.agent.session import SessionError, _alive, check_root
+from aiflame.agent.session import SessionError, _alive, _cpu_s, check_root
 
 log = logging.getLogger("aiflame.daemon")
 
@@ -80,11 +79,6 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 @dataclass
