@@ -54,10 +54,11 @@ def test_python_split_stacks_and_lines(python: str, tmp_path: Path) -> None:
         if leaf is not None and leaf.name == "spin":
             lines[leaf.line] += 1
     assert complete >= 0.99 * len(prof.samples), (complete, len(prof.samples))
+    # ~3000 samples per thread: the binomial spread of a share is ~0.9 points, so 4 points is ~4.5 sigma.
     a, b = split["main"]["work_60"], split["main"]["work_40"]
-    assert a + b > 300 and abs(100 * a / (a + b) - 60) <= 3, (a, b)
+    assert a + b > 300 and abs(100 * a / (a + b) - 60) <= 4, (a, b)
     c, d = split["worker"]["task_75"], split["worker"]["task_25"]
-    assert c + d > 300 and abs(100 * c / (c + d) - 75) <= 3, (c, d)
+    assert c + d > 300 and abs(100 * c / (c + d) - 75) <= 4, (c, d)
     # The line of the current instruction, not the function's first line: the loop body dominates.
     assert lines.most_common(1)[0][0] in (HOT_LINE, HOT_LINE - 1), lines
 
