@@ -1,5 +1,5 @@
-"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c once, attaches it to perf events on every CPU, and drains
-its ring buffer on the caller's timer (records are submitted without wakeups)."""
+"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c once (in the compiler process), attaches it to perf events on
+every CPU, and drains its ring buffer on the caller's timer (records are submitted without wakeups)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from aiflame.agent import bpf_object
+from aiflame.agent.bpf_object import BpfLoadError, BpfObject
+from aiflame.agent.bpf_sys import (
+    PERF_COUNT_HW_CPU_CYCLES,
+    PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_HARDWARE,
+    PERF_TYPE_SOFTWARE,
+)
 from aiflame.agent.records import (
     CallRec,
     Counter,
@@ -22,6 +29,7 @@ from aiflame.agent.records import (
     RetRec,
     SampleRec,
 )
+from aiflame.agent.ringbuf import RingBuffer
 from aiflame.agent.uprobes import Uprobe, attach_uprobe
 from aiflame.raw import RawPyFrame, RawSample
 
@@ -194,6 +202,15 @@ def _close_all(probes: list[Uprobe]) -> None:
         u.close()
 
 
+LAYOUT_MAPS = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_proc": "layout_py_proc"}
+PROBE_LAYOUT_MAPS = {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_rec": "layout_open",
+                     "probe_spec": "layout_spec"}
+MAPS = ["events", "targets", "counters", "py_procs", "probe_specs", "libs_seen",
+        *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
+OPENAT = ("syscalls", "sys_enter_openat")
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
 class CpuSampler:
     """Owns the BPF object. Call start(), then poll() on a timer, then close()."""
 
@@ -208,44 +225,51 @@ class CpuSampler:
         self._on_sample = on_sample
         self._on_proc = on_proc
         self._on_probe = on_probe
-        self._bpf: Any = None
+        self._obj: BpfObject | None = None
+        self._ring: RingBuffer | None = None
         self._uprobes: list[Uprobe] = []
-        self._prog_fds: dict[bool, int] = {}
         self.event_used = ""
 
     def start(self, pids: list[int]) -> None:
+        functions = {"on_sample": "perf_event"}
+        if self.config.probes:
+            functions |= {"on_call": "kprobe", "on_ret": "kprobe"}
         try:
-            from bcc import BPF, PerfHWConfig, PerfSWConfig, PerfType
-        except ImportError:
-            raise SamplerError("BCC is not importable: run `make setup` (Debian's python3-bpfcc)") from None
-        try:
-            self._bpf = BPF(text=program_text(self.config), cflags=self.config.cflags())
-            if self.config.probes:
-                self._prog_fds = {ret: self._bpf.load_func("on_ret" if ret else "on_call", BPF.KPROBE).fd
-                                  for ret in (False, True)}
-        except Exception as e:  # BCC raises bare Exception for compile/load failures
+            self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS)
+        except BpfLoadError as e:
             raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
-        for pid in pids:
-            self.add_target(pid)
-        self._bpf["events"].open_ring_buffer(self._callback)
-        choices = {"cpu-clock": [("cpu-clock", PerfType.SOFTWARE, PerfSWConfig.CPU_CLOCK)],
-                   "cycles": [("cycles", PerfType.HARDWARE, PerfHWConfig.CPU_CYCLES)]}
+        try:
+            for pid in pids:
+                self.add_target(pid)
+            events = self._obj.maps["events"]
+            self._ring = RingBuffer(events.fd, events.max_entries, self._callback)
+            self._obj.attach_tracepoints()
+        except OSError as e:
+            self.close()
+            raise SamplerError(f"cannot attach the BPF sampler: {e}") from None
+        choices = {"cpu-clock": [("cpu-clock", PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK)],
+                   "cycles": [("cycles", PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES)]}
         choices["auto"] = choices["cycles"] + choices["cpu-clock"]
         errors = []
         for name, ev_type, ev_config in choices[self.config.event]:
             try:
-                self._bpf.attach_perf_event(ev_type=ev_type, ev_config=ev_config, fn_name="on_sample",
-                                            sample_freq=self.config.frequency, cpu=-1)
+                self._obj.attach_perf_event("on_sample", ev_type, ev_config, self.config.frequency)
                 self.event_used = name
                 break
-            except Exception as e:
-                errors.append(f"{name}: {e}")
+            except OSError as e:
+                errors.append(f"{name}: {e.strerror}")
         if not self.event_used:
             self.close()
             raise SamplerError("cannot open perf events: " + "; ".join(errors))
 
-    def _callback(self, _ctx: Any, data: Any, size: int) -> None:
-        rec = decode_record(ctypes.string_at(data, size))
+    @property
+    def _bpf(self) -> BpfObject:
+        if self._obj is None:
+            raise SamplerError("the sampler is not started")
+        return self._obj
+
+    def _callback(self, buf: bytes) -> None:
+        rec = decode_record(buf)
         if isinstance(rec, RawSample):
             self._on_sample(rec)
         elif isinstance(rec, ProcEvent):
@@ -254,89 +278,72 @@ class CpuSampler:
             self._on_probe(rec)
 
     def add_target(self, pid: int) -> None:
-        t = self._bpf["targets"]
-        t[t.Key(pid)] = t.Leaf(TARGET_ON)
+        self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TARGET_ON))
 
     def _set_target_flags(self, pid: int, flags: int) -> None:
         """Change a target's flags; a pid that is not a target stays out."""
-        t = self._bpf["targets"]
-        try:
-            t[t.Key(pid)]
-        except KeyError:
-            return
-        t[t.Key(pid)] = t.Leaf(flags)
+        t = self._bpf.maps["targets"]
+        if t.lookup(_U32.pack(pid)) is not None:
+            t.update(_U32.pack(pid), _U32.pack(flags))
 
     def remove_target(self, pid: int) -> None:
-        t = self._bpf["targets"]
-        try:
-            del t[t.Key(pid)]
-        except KeyError:
-            pass
+        self._bpf.maps["targets"].delete(_U32.pack(pid))
 
     def set_python(self, pid: int, proc: PyProcRec) -> None:
         """Turn on the Python walk for `pid` with its layout (or update it)."""
-        t = self._bpf["py_procs"]
-        t[t.Key(pid)] = t.Leaf.from_buffer_copy(bytes(proc))
+        self._bpf.maps["py_procs"].update(_U32.pack(pid), bytes(proc))
         self._set_target_flags(pid, TARGET_ON | TARGET_PY)
 
     def clear_python(self, pid: int) -> None:
         self._set_target_flags(pid, TARGET_ON)
-        t = self._bpf["py_procs"]
-        try:
-            del t[t.Key(pid)]
-        except KeyError:
-            pass
+        self._bpf.maps["py_procs"].delete(_U32.pack(pid))
 
     def targets(self) -> list[int]:
-        return [k.value for k in self._bpf["targets"].keys()]
+        return [_U32.unpack(k)[0] for k in self._bpf.maps["targets"].keys()]
 
     def poll(self) -> None:
         """Drain everything in the ring buffer now (no waiting)."""
-        self._bpf.ring_buffer_consume()
+        if self._ring is not None:
+            self._ring.consume()
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until a record that asks for a wakeup arrives (a library open) or `timeout_s` passes, then
         drain. Samples and calls never wake us: they wait for the caller's timer."""
-        self._bpf.ring_buffer_poll(max(int(timeout_s * 1000), 0))
+        if self._ring is not None:
+            self._ring.poll(int(timeout_s * 1000))
 
     # --- runtime probes -------------------------------------------------------------------------------------
 
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
-        t = self._bpf["probe_specs"]
-        t[t.Key(probe)] = t.Leaf.from_buffer_copy(bytes(spec))
+        self._bpf.maps["probe_specs"].update(_U32.pack(probe), bytes(spec))
 
     def prog_fd(self, ret: bool) -> int:
         """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics."""
-        return self._prog_fds[ret]
+        return self._bpf.progs["on_ret" if ret else "on_call"]
 
     def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False, ref_ctr: int = 0) -> None:
         """Probe `path` at file offset `offset` in every process; the program keeps target pids only.
         `ref_ctr`: file offset of a USDT semaphore to raise while attached (0: none)."""
-        self._uprobes.append(attach_uprobe(self._prog_fds[ret], path, offset, probe, ret=ret, ref_ctr=ref_ctr))
+        self._uprobes.append(attach_uprobe(self.prog_fd(ret), path, offset, probe, ret=ret, ref_ctr=ref_ctr))
 
     def mark_library_seen(self, path_hash: int) -> None:
         """Opens of this path (FNV-1a of its bytes, as the target passed them) no longer stop targets."""
-        t = self._bpf["libs_seen"]
-        t[t.Key(path_hash)] = t.Leaf(1)
+        self._bpf.maps["libs_seen"].update(_U64.pack(path_hash), b"\x01")
 
     def forget_libraries_seen(self) -> None:
         """Opens of any library stop targets again (after the probes were detached to be placed anew)."""
-        self._bpf["libs_seen"].clear()
+        self._bpf.maps["libs_seen"].clear()
 
     def counters(self) -> dict[str, int]:
-        table = self._bpf["counters"]
-        out = {}
-        for c in Counter:
-            out[c.name.lower()] = int(sum(table[table.Key(c.value)]))
-        return out
+        table = self._bpf.maps["counters"]
+        return {c.name.lower(): sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(c.value)))
+                for c in Counter}
 
-    def layouts(self) -> dict[str, Any]:
-        """BCC's ctypes views of the record structs, read from the compiled C, by struct name."""
-        names = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_proc": "layout_py_proc"}
-        if self.config.probes:
-            names |= {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_rec": "layout_open",
-                      "probe_spec": "layout_spec"}
-        return {struct_name: self._bpf[table].Leaf for struct_name, table in names.items()}
+    def layouts(self) -> dict[str, tuple[list[tuple[str, int, int]], int]]:
+        """The record structs as the compiler laid them out: (fields as (name, offset, size), size), by name."""
+        names = LAYOUT_MAPS | (PROBE_LAYOUT_MAPS if self.config.probes else {})
+        maps = self._bpf.maps
+        return {struct_name: (maps[m].fields, maps[m].value_size) for struct_name, m in names.items()}
 
     def detach_probes(self, background: bool = False) -> None:
         """Remove every runtime probe attached so far (the program stays loaded). Each detach waits out the
@@ -357,15 +364,14 @@ class CpuSampler:
         """From now on no probe or library open stops a target. Returns once none that had started can still be
         running (detaching waits them out), so every stop record already sent is in the ring buffer."""
         self.detach_probes()
-        if self.config.probes:
-            try:
-                self._bpf.detach_tracepoint(b"syscalls:sys_enter_openat")
-            except Exception:  # BCC raises bare Exception; already detached
-                pass
+        if self._obj is not None:
+            self._obj.detach(":".join(OPENAT))
 
     def close(self) -> None:
         self.detach_probes()
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
-
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._obj is not None:
+            self._obj.close()
+            self._obj = None

@@ -76,13 +76,12 @@ def test_pid_exits_before_attach(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_bpf_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import bcc
+def test_bpf_compile_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    from aiflame.agent import sampler
 
-    def broken(*_a: object, **_k: object) -> None:
-        raise Exception("Failed to compile BPF module <text>")
-
-    monkeypatch.setattr(bcc, "BPF", broken)
+    # A real compile failure in the compiler process: its diagnostics on stderr, one line from us.
+    monkeypatch.setattr(sampler, "program_text", lambda _config: "int broken( {")
     rc = main(["profile", "-q", "-o", str(tmp_path), "--", "true"])
     err = capsys.readouterr().err
     assert rc == 1

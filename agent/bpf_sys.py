@@ -1,0 +1,150 @@
+"""The few bpf(2) and perf_event_open(2) calls the agent makes itself (x86-64): map element operations, perf
+events, and BPF links with a cookie. Errors are OSError with the errno."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+SYS_PERF_EVENT_OPEN = 298
+SYS_BPF = 321
+BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
+BPF_LINK_CREATE = 28
+BPF_PERF_EVENT = 41
+PERF_FLAG_FD_CLOEXEC = 8
+PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT = 0, 1, 2
+PERF_COUNT_HW_CPU_CYCLES, PERF_COUNT_SW_CPU_CLOCK = 0, 0
+ATTR_FREQ = 1 << 10  # perf_event_attr.freq: sample_period holds a frequency
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+class PerfEventAttr(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),  # or sample_freq with ATTR_FREQ
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),  # uprobe: path
+        ("config2", ctypes.c_uint64),  # uprobe: file offset
+        ("branch_sample_type", ctypes.c_uint64),
+        ("sample_regs_user", ctypes.c_uint64),
+        ("sample_stack_user", ctypes.c_uint32),
+        ("clockid", ctypes.c_int32),
+        ("sample_regs_intr", ctypes.c_uint64),
+        ("aux_watermark", ctypes.c_uint32),
+        ("sample_max_stack", ctypes.c_uint16),
+        ("reserved2", ctypes.c_uint16),
+        ("aux_sample_size", ctypes.c_uint32),
+        ("reserved3", ctypes.c_uint32),
+        ("sig_data", ctypes.c_uint64),
+        ("config3", ctypes.c_uint64),
+    ]
+
+
+class _LinkCreate(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("bpf_cookie", ctypes.c_uint64),
+        ("pad", ctypes.c_uint8 * 48),
+    ]
+
+
+class _MapElem(ctypes.Structure):
+    _fields_ = [
+        ("map_fd", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),  # or next_key
+        ("flags", ctypes.c_uint64),
+    ]
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def perf_event_open(attr: PerfEventAttr, pid: int, cpu: int) -> int:
+    attr.size = ctypes.sizeof(attr)
+    return _check(_libc.syscall(SYS_PERF_EVENT_OPEN, ctypes.byref(attr), pid, cpu, -1, PERF_FLAG_FD_CLOEXEC),
+                  "perf_event_open")
+
+
+def link_perf_event(prog_fd: int, perf_fd: int, cookie: int = 0) -> int:
+    """Run `prog_fd` on each hit of the perf event; the link holds the attachment until closed."""
+    link = _LinkCreate(prog_fd=prog_fd, target_fd=perf_fd, attach_type=BPF_PERF_EVENT, bpf_cookie=cookie)
+    return _check(_libc.syscall(SYS_BPF, BPF_LINK_CREATE, ctypes.byref(link), ctypes.sizeof(link)),
+                  "bpf link create")
+
+
+def _elem(cmd: int, map_fd: int, key: ctypes.Array[ctypes.c_char] | None, value: ctypes.Array[ctypes.c_char] | None,
+          flags: int = 0) -> int:
+    attr = _MapElem(map_fd=map_fd, key=ctypes.addressof(key) if key is not None else 0,
+                    value=ctypes.addressof(value) if value is not None else 0, flags=flags)
+    return int(_libc.syscall(SYS_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr)))
+
+
+def map_lookup(map_fd: int, key: bytes, value_size: int) -> bytes | None:
+    """The value at `key`, or None when there is none."""
+    k, v = ctypes.create_string_buffer(key, len(key)), ctypes.create_string_buffer(value_size)
+    if _elem(BPF_MAP_LOOKUP_ELEM, map_fd, k, v) < 0:
+        if ctypes.get_errno() == 2:  # ENOENT
+            return None
+        _check(-1, "bpf map lookup")
+    return v.raw
+
+
+def map_update(map_fd: int, key: bytes, value: bytes) -> None:
+    k, v = ctypes.create_string_buffer(key, len(key)), ctypes.create_string_buffer(value, len(value))
+    _check(_elem(BPF_MAP_UPDATE_ELEM, map_fd, k, v), "bpf map update")
+
+
+def map_delete(map_fd: int, key: bytes) -> bool:
+    """Remove `key`; False when it was not there."""
+    k = ctypes.create_string_buffer(key, len(key))
+    if _elem(BPF_MAP_DELETE_ELEM, map_fd, k, None) < 0:
+        if ctypes.get_errno() == 2:
+            return False
+        _check(-1, "bpf map delete")
+    return True
+
+
+def map_keys(map_fd: int, key_size: int) -> list[bytes]:
+    """Every key, in the map's order (a snapshot: keys added or removed meanwhile may be missed)."""
+    keys: list[bytes] = []
+    nxt = ctypes.create_string_buffer(key_size)
+    cur: ctypes.Array[ctypes.c_char] | None = None
+    while _elem(BPF_MAP_GET_NEXT_KEY, map_fd, cur, nxt) == 0:
+        keys.append(nxt.raw)
+        cur = ctypes.create_string_buffer(nxt.raw, key_size)
+    return keys
+
+
+def cpu_list(which: str) -> list[int]:
+    """CPUs from /sys/devices/system/cpu/{online,possible} ("0-3,5")."""
+    out: list[int] = []
+    for part in Path(f"/sys/devices/system/cpu/{which}").read_text().strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def tracepoint_id(category: str, event: str) -> int:
+    try:
+        return int((TRACEFS / "events" / category / event / "id").read_text())
+    except (OSError, ValueError):
+        raise OSError(2, f"no tracepoint {category}:{event} under {TRACEFS} (is tracefs mounted?)") from None
