@@ -210,6 +210,8 @@ class Session:
         self._remap_at: dict[int, float] = {}
         self._exec_seq: dict[int, int] = {}
         self._kaddrs: set[int] = set()
+        self._ksyms: KernelSymbols | None = None
+        self._ksyms_modules = b""
         self._build_ids = BuildIdCache()
         self.python = PythonPlugin()
         self._sampler: CpuSampler | None = None
@@ -448,12 +450,22 @@ class Session:
         self._pending.clear()
         writer.flush()
 
+    def _kernel_table(self) -> KernelSymbols | None:
+        """The kernel's symbol table, read once and kept (reading /proc/kallsyms costs ~0.3 s of CPU, and a
+        daemon names kernel addresses for every window); read again only when the modules change."""
+        modules = _read_bytes("/proc/modules")
+        if self._ksyms is None or modules != self._ksyms_modules:
+            try:
+                self._ksyms = KernelSymbols.load()
+            except OSError:
+                return None
+            self._ksyms_modules = modules
+        return self._ksyms
+
     def _kernel_symbols(self) -> dict[int, str]:
-        if not self._kaddrs:
-            return {}
-        try:
-            ksyms = KernelSymbols.load()
-        except OSError:
+        """Names of the kernel addresses sampled so far."""
+        ksyms = self._kernel_table() if self._kaddrs else None
+        if ksyms is None:
             return {}
         out = {}
         for a in self._kaddrs:
@@ -461,6 +473,14 @@ class Session:
             if name:
                 out[a] = name
         return out
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _maps_unchanged(pid: int, snap: ProcessSnapshot) -> bool:

@@ -74,6 +74,7 @@ class Collector(Session):
         sampler = CpuSampler(cfg, self._pending.append, self._procs.append, self._on_probe)
         sampler.start([])
         self._sampler = sampler
+        self._kernel_table()  # now, with the compile: every window close names kernel addresses from it
         if self.cfg.runtimes:
             self.probes = ProbeManager(all_runtimes(), sampler, on_stop=self._on_target_stop)
 
