@@ -13,7 +13,7 @@ import termios
 import time
 import tty
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +132,7 @@ def _wait_key(seconds: float, keys: bool) -> bool:
             return False
 
 
-def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Iterator[TopView | None]:
+def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generator[TopView | None]:
     last = ""
     while True:
         resp = request(args.socket, LatestRequest(1), 10.0)
@@ -148,7 +148,7 @@ def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Iterato
         yield None
 
 
-def _own_views(args: argparse.Namespace, native: NativeSymbolizer) -> Iterator[TopView | None]:
+def _own_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generator[TopView | None]:
     from aiflame.agent.daemon.collector import Collector
     from aiflame.agent.sampler import SamplerConfig
     from aiflame.agent.session import check_pid, check_root
@@ -190,14 +190,19 @@ def run_top(args: argparse.Namespace) -> int:
     views = _daemon_views(args, native) if use_daemon else _own_views(args, native)
     console = Console()
     shown = 0
-    with _keys() as keys, Live(Text("collecting…"), console=console, auto_refresh=False,
-                               transient=False) as live:
-        for v in views:
-            if v is not None:
-                live.update(render(v), refresh=True)
-                shown += 1
-                if args.iterations and shown >= args.iterations:
+    try:
+        with _keys() as keys, Live(Text("collecting…"), console=console, auto_refresh=False,
+                                   transient=False) as live:
+            for v in views:
+                if v is not None:
+                    live.update(render(v), refresh=True)
+                    shown += 1
+                    if args.iterations and shown >= args.iterations:
+                        break
+                if _wait_key(args.interval if use_daemon else 0.0, keys):
                     break
-            if _wait_key(args.interval if use_daemon else 0.0, keys):
-                break
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is a way to quit, as q is (the collector closes in its generator's finally)
+    finally:
+        views.close()
     return 0

@@ -1,0 +1,64 @@
+"""`aiflame top` in a real terminal (a pty): it shows the target's hot function, then quits cleanly on `q` and on
+Ctrl-C, leaving no target stopped and no traceback."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+HOT = "import time\ndef top_hot_fn():\n    while True: pass\ntop_hot_fn()\n"
+
+
+def _read_until(fd: int, pattern: str, timeout_s: float) -> str:
+    out = b""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if re.search(pattern, out.decode(errors="replace")):
+                break
+    return out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("quit_key", [b"q", b"\x03"], ids=["q", "ctrl-c"])
+def test_top_shows_the_hot_function_and_quits(quit_key: bytes) -> None:
+    target = subprocess.Popen([sys.executable, "-c", HOT])
+    try:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: aiflame top on the pty
+            os.chdir(REPO)
+            os.environ.update(COLUMNS="160", LINES="50", TERM="xterm")
+            os.execv(sys.executable, [sys.executable, "-m", "aiflame.agent.cli", "top", "--own", "-p",
+                                      str(target.pid), "-i", "1"])
+        shown = _read_until(fd, r"top_hot_fn", 60)
+        assert "hottest stacks" in shown and "top_hot_fn" in shown, shown[-2000:]
+        os.write(fd, quit_key)
+        t0 = time.monotonic()
+        rest = _read_until(fd, r"(?!)", 20)  # to the end of output
+        _, status = os.waitpid(pid, 0)
+        assert time.monotonic() - t0 < 15
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, rest[-2000:])
+        assert "Traceback" not in shown + rest
+        os.close(fd)
+        state = open(f"/proc/{target.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        assert state in ("R", "S"), state  # never left stopped
+    finally:
+        target.send_signal(signal.SIGKILL)
+        target.wait()
