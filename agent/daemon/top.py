@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import signal
 import sys
 import tempfile
 import termios
@@ -188,6 +189,8 @@ def run_top(args: argparse.Namespace) -> int:
         except ProtocolError:
             use_daemon = False
     views = _daemon_views(args, native) if use_daemon else _own_views(args, native)
+    # Ctrl-C quits even when started with SIGINT ignored (inherited, e.g. from a background job's shell).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console()
     shown = 0
     try:
