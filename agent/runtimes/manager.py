@@ -131,11 +131,13 @@ class ProbeManager:
         key = (st.st_dev, st.st_ino)
         if key in self._files:
             return self._files[key]
-        self._files[key] = None
         try:
             elf = ElfFile.open(real)
         except (OSError, SymbolizeError):
+            # Not remembered: a /proc/PID/root path fails once its process exits, and a short-lived first user
+            # of a library must not leave that library unprobed for every later process.
             return None
+        self._files[key] = None
         try:
             return self._attach_file(elf, path, key)
         finally:

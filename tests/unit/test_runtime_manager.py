@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
 from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
 from aiflame.agent.sampler import CallRecord, RetRecord
 from aiflame.raw import GpuCode, RawEvent
+from aiflame.symbolize.elf import ElfFile
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -73,6 +75,24 @@ def test_attaches_present_symbols_once_per_file(tmp_path: Path) -> None:
     assert calls == {(0, False), (0, True), (1, False)}  # write entry + return, getpid via its second name
     assert len({off for _, off, _, _ in bpf.attached}) == 3  # write, getpid, exit
     assert mgr.consider(str(tmp_path / "missing.so")) is None
+
+
+def test_a_file_that_could_not_be_opened_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in a soak: the first process mapping libnccl exited between stat and open of its /proc/PID/root
+    path, and the library stayed unprobed for the daemon's lifetime."""
+    real_open = ElfFile.open
+    fails = [OSError(3, "No such process")]
+
+    def flaky_open(path: str) -> ElfFile:
+        if fails:
+            raise fails.pop()
+        return real_open(path)
+
+    monkeypatch.setattr(ElfFile, "open", staticmethod(flaky_open))
+    bpf = FakeBpf()
+    mgr = ProbeManager([Libc()], bpf)
+    assert mgr.consider(LIBC) is None and not bpf.attached
+    assert mgr.consider(LIBC) is not None and bpf.attached
 
 
 def test_calls_pair_with_returns_per_thread() -> None:
