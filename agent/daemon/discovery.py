@@ -12,7 +12,8 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from aiflame.agent.daemon.config import WatchConfig
 from aiflame.agent.procmaps import stat_fields
@@ -100,6 +101,14 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def vm_pages(pid: int) -> int | None:
+    """The process's virtual size in pages (/proc/PID/statm): it grows when a library is mapped."""
+    try:
+        return int(_read(f"/proc/{pid}/statm").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def read_info(pid: int, with_maps: bool) -> ProcInfo | None:
     """The selector's view of `pid`; None for a process that is gone or a kernel thread."""
     start = start_time(pid)
@@ -124,6 +133,15 @@ def read_info(pid: int, with_maps: bool) -> ProcInfo | None:
     return ProcInfo(pid, start, comm, exe, cmdline, cgroup, runtimes)
 
 
+class _Seen(NamedTuple):
+    """A process judged not to be a target: when to look again, and what it looked like."""
+
+    start: int
+    next_check: float
+    pages: int | None  # virtual size then (None: not read)
+    runtimes: frozenset[str]
+
+
 class Discovery:
     """Finds targets in /proc. `scan()` returns the new targets and the pids seen before that are gone.
 
@@ -134,7 +152,7 @@ class Discovery:
         self.selector = selector
         self.recheck_s = recheck_s
         self._exclude = set(exclude_pids)
-        self._seen: dict[int, tuple[int, float]] = {}  # non-target pid -> (start time, when to look again)
+        self._seen: dict[int, _Seen] = {}  # non-target pids
         self.targets: dict[int, ProcInfo] = {}
 
     def set_selector(self, selector: Selector) -> None:
@@ -154,24 +172,28 @@ class Discovery:
             if pid in self.targets or pid in self._exclude:
                 continue
             seen = self._seen.get(pid)
-            if seen is not None and now < seen[1]:
+            if seen is not None and now < seen.next_check:
                 continue
-            info = read_info(pid, self.selector.needs_maps)
+            # A re-check reads the maps (the costly file of a big process) only when the size changed since.
+            pages = vm_pages(pid) if self.selector.needs_maps else None
+            same_size = seen is not None and pages is not None and pages == seen.pages
+            info = read_info(pid, self.selector.needs_maps and not same_size)
+            if info is not None and seen is not None and same_size:
+                info = replace(info, runtimes=seen.runtimes) if seen.start == info.start else \
+                    read_info(pid, True)  # the pid was reused
             if info is None:
                 start = start_time(pid)
                 if start is None:
                     self._seen.pop(pid, None)
                 else:  # a kernel thread (no command line): never a target, looked at again only rarely
-                    self._seen[pid] = (start, now + KTHREAD_RECHECK_S)
+                    self._seen[pid] = _Seen(start, now + KTHREAD_RECHECK_S, None, frozenset())
                 continue
-            if seen is not None and seen[0] != info.start:
-                seen = None  # the pid was reused
             if self.selector.wants(info):
                 self._seen.pop(pid, None)
                 self.targets[pid] = info
                 new.append(info)
             else:
-                self._seen[pid] = (info.start, now + self.recheck_s)
+                self._seen[pid] = _Seen(info.start, now + self.recheck_s, pages, info.runtimes)
         gone = [pid for pid in self.targets if pid not in live]
         for pid in gone:
             del self.targets[pid]

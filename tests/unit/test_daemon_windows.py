@@ -4,6 +4,7 @@ publication, and retention that deletes the oldest windows and nothing else."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -95,6 +96,36 @@ def test_discovery_reads_kernel_threads_once(monkeypatch: pytest.MonkeyPatch) ->
     assert not set(reads) & set(kthreads)
     d.scan(now=100.0 + discovery.KTHREAD_RECHECK_S + 1)
     assert set(kthreads) & set(reads), "kernel threads are still looked at, rarely"
+
+
+def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-check of a process that is not a target reads its maps again only when its virtual size changed."""
+    from aiflame.agent.daemon import discovery
+
+    idle = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.2)  # exec'd
+        d = Discovery(Selector(WatchConfig(accelerators=True)))
+        d.scan(now=100.0)
+        maps_reads: list[int] = []
+        real = discovery.read_info
+
+        def counting(pid: int, maps: bool) -> discovery.ProcInfo | None:
+            if maps:
+                maps_reads.append(pid)
+            return real(pid, maps)
+
+        monkeypatch.setattr(discovery, "read_info", counting)
+        d.scan(now=100.0 + d.recheck_s + 1)
+        assert idle.pid not in maps_reads  # looked at again, same size: maps not read
+        pages = discovery.vm_pages(idle.pid)
+        assert pages
+        monkeypatch.setattr(discovery, "vm_pages", lambda pid: pages + 1 if pid == idle.pid else None)
+        d.scan(now=100.0 + 2 * (d.recheck_s + 1))
+        assert idle.pid in maps_reads  # it grew: maybe a library was loaded
+    finally:
+        idle.kill()
+        idle.wait()
 
 
 def _is_kthread(pid: int) -> bool:
