@@ -38,7 +38,7 @@ class BpfMap:
     @property
     def percpu_values(self) -> int:
         """How many values a lookup returns: one per possible CPU for per-CPU maps, else one."""
-        return len(bpf_sys.cpu_list("possible")) if self.type in _PERCPU else 1
+        return bpf_sys.possible_cpus() if self.type in _PERCPU else 1
 
     def lookup(self, key: bytes) -> bytes | None:
         n = self.percpu_values

@@ -4,6 +4,7 @@ events, and BPF links with a cookie. Errors are OSError with the errno."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 
@@ -132,6 +133,12 @@ def map_keys(map_fd: int, key_size: int) -> list[bytes]:
         keys.append(nxt.raw)
         cur = ctypes.create_string_buffer(nxt.raw, key_size)
     return keys
+
+
+@functools.cache
+def possible_cpus() -> int:
+    """How many CPUs the kernel may ever bring up: a per-CPU map holds one value for each (fixed until reboot)."""
+    return len(cpu_list("possible"))
 
 
 def cpu_list(which: str) -> list[int]:

@@ -184,10 +184,7 @@ class ProbeManager:
             except UprobeError as e:
                 self.warnings.append(str(e))
                 continue
-            if done is None:
-                done = Attached(path, rt.name)
-                self.attached.append(done)
-            done.calls.append(call)
+            done = self._placed(done, path, rt, call)
         return done
 
     def _attach_symbols(self, elf: ElfFile, path: str,
@@ -209,10 +206,15 @@ class ProbeManager:
             except UprobeError as e:
                 self.warnings.append(str(e))
                 continue
-            if done is None:
-                done = Attached(path, rt.name)
-                self.attached.append(done)
-            done.calls.append(spec.call)
+            done = self._placed(done, path, rt, spec.call)
+        return done
+
+    def _placed(self, done: Attached | None, path: str, rt: Runtime, call: str) -> Attached:
+        """Record a probe placed in `path` for `call`; the file's Attached entry is made at its first probe."""
+        if done is None:
+            done = Attached(path, rt.name)
+            self.attached.append(done)
+        done.calls.append(call)
         return done
 
     def consider_process(self, pid: int, paths: list[str]) -> None:
