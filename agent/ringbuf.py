@@ -54,9 +54,13 @@ class RingBuffer:
                 self._cons.value = cons  # free the space as we go, like libbpf
         return n
 
+    def watch(self, fd: int) -> None:
+        """Let `fd` becoming readable end a poll too (e.g. the caller's own wakeup pipe); the caller reads it."""
+        self._epoll.register(fd, select.EPOLLIN)
+
     def poll(self, timeout_ms: int) -> int:
-        """Wait until the kernel signals new records (producers that ask for a wakeup) or `timeout_ms` passes,
-        then consume."""
+        """Wait until the kernel signals new records (producers that ask for a wakeup), a watched fd is
+        readable or `timeout_ms` passes, then consume."""
         self._epoll.poll(max(timeout_ms, 0) / 1000)
         return self.consume()
 

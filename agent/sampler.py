@@ -307,10 +307,15 @@ class CpuSampler:
             self._ring.consume()
 
     def wait(self, timeout_s: float) -> None:
-        """Sleep until a record that asks for a wakeup arrives (a library open) or `timeout_s` passes, then
-        drain. Samples and calls never wake us: they wait for the caller's timer."""
+        """Sleep until a record that asks for a wakeup arrives (a library open), a watched fd is readable or
+        `timeout_s` passes, then drain. Samples and calls never wake us: they wait for the caller's timer."""
         if self._ring is not None:
             self._ring.poll(int(timeout_s * 1000))
+
+    def watch(self, fd: int) -> None:
+        """End `wait` early when `fd` is readable (the caller reads it)."""
+        if self._ring is not None:
+            self._ring.watch(fd)
 
     # --- runtime probes -------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ re-placed past a limit, events kept only as far as GPU code lookup needs them).
 
 from __future__ import annotations
 
+import mmap
 import platform
 import socket
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiflame import __version__
+from aiflame.agent.bpf_sys import cpu_list
 from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.gpu_code import launched_cubins
 from aiflame.agent.procmaps import BuildIdCache
@@ -31,6 +33,7 @@ from aiflame.raw import CaptureFooter, CaptureHeader, PyRuntimeInfo, RawEvent
 _REGISTRATIONS = ("__cudaRegisterFatBinary", "__cudaRegisterFunction")
 # Probes stay in a library while targets may call it; with no target left for this long they are removed.
 PROBE_IDLE_S = 300.0
+WORST_SAMPLE_BYTES = 2048  # a sample with deep native and Python stacks
 MAX_FATBIN_BYTES = 256 << 20  # fatbins copied from target memory, kept for later windows' cubin lookups
 
 
@@ -98,6 +101,13 @@ class Collector(Session):
     def remove_target(self, pid: int) -> None:
         self.sampler.remove_target(pid)
         self._forget(pid)
+
+    def drain_interval(self, longest_s: float) -> float:
+        """How long records may wait in the ring buffer: `longest_s`, or less where every online CPU running a
+        target at the sampling rate, with deep stacks, could fill a quarter of the ring sooner."""
+        cfg = self.cfg.sampler
+        worst = cfg.frequency * len(cpu_list("online")) * WORST_SAMPLE_BYTES
+        return max(min(longest_s, cfg.ringbuf_pages * mmap.PAGESIZE / 4 / worst), 0.05)
 
     def tick(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` (a library open by a target wakes us early), then drain into the window."""

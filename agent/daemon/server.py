@@ -54,7 +54,11 @@ from aiflame.agent.session import SessionError, _alive, _cpu_s, check_root
 
 log = logging.getLogger("aiflame.daemon")
 
-POLL_S = 0.5  # records that need the agent now (library opens, exits) wake the poll at once
+# The main loop sleeps up to this long between drains (less when a fast rate on many CPUs could fill the ring
+# sooner). Records that need the agent now (library opens), signals and control requests wake it at once.
+POLL_S = 2.0
+CAPTURE_POLL_S = 0.1  # while an on-demand capture runs: its targets may be stopped at a library open
+STATUS_WAIT_S = 2.0  # a status request waits this long for the main loop to answer, then gets the last one
 MAX_CLIENTS = 8  # control connections served at once
 READ_TIMEOUT_S = 5.0
 
@@ -112,6 +116,9 @@ class Daemon:
         self._window_seq = 0
         self._status: dict[str, Any] = {}
         self._status_lock = threading.Lock()
+        self._status_waiters: list[threading.Event] = []
+        self._wake_r = self._wake_w = -1  # the main loop's wakeup pipe (signals, control requests)
+        self._poll_s = POLL_S
         self._clients = threading.BoundedSemaphore(MAX_CLIENTS)
         self._listener: socket.socket | None = None
         self._collector: Collector | None = None
@@ -150,6 +157,8 @@ class Daemon:
         for note in self._prepare_output():
             log.warning("%s", note)
         self._listen()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self._exports = ExportWorker(self.cfg.limits.max_queued_exports)
         control = threading.Thread(target=self._serve, name="aiflame-control", daemon=True)
@@ -170,6 +179,9 @@ class Daemon:
                 self._collector.close()
             for s, h in old.items():
                 signal.signal(s, h)
+            signal.set_wakeup_fd(old_wakeup)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         log.info("stopped reason=%s windows=%d captures=%d", self._stop, self.windows_written,
                  self.captures_written)
         return 0
@@ -190,18 +202,23 @@ class Daemon:
                  time.monotonic() - t0)
         for pid in list(self._discovery.targets):
             collector.add_target(pid)
+        collector.sampler.watch(self._wake_r)
+        self._poll_s = collector.drain_interval(POLL_S)
         return collector
 
     def _loop(self) -> None:
+        self._publish_status()
         next_scan = 0.0
-        next_status = 0.0
         while not self._stop:
             now = time.monotonic()
             if now >= next_scan:
                 self._scan()
                 next_scan = now + self.cfg.watch.scan_interval_s
             assert self._collector is not None
-            self._collector.tick(min(POLL_S, max(self._window_end - time.monotonic(), 0)))
+            poll = CAPTURE_POLL_S if self._trigger is not None else self._poll_s
+            wake_at = min(time.monotonic() + poll, next_scan, self._window_end)
+            self._collector.tick(max(wake_at - time.monotonic(), 0))
+            self._clear_wakeups()
             self._handle_exits(self._collector)
             self._run_trigger()
             if self._reload:
@@ -209,9 +226,21 @@ class Daemon:
                 self._do_reload()
             if time.monotonic() >= self._window_end:
                 self._rotate("window end")
-            if now >= next_status:
-                self._publish_status()
-                next_status = now + 1.0
+            self._answer_status()
+
+    def _wake(self) -> None:
+        """End the main loop's wait now (from the control thread)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:  # full (a wakeup is pending anyway) or closed (stopping)
+            pass
+
+    def _clear_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except OSError:  # empty
+            pass
 
     def _finish(self) -> None:
         """Stop: close the window in progress complete, finish a capture in progress, wait for the exports."""
@@ -452,13 +481,16 @@ class Daemon:
                 os.umask(old_umask)
             os.chmod(path, 0o600)
             sock.listen(16)
-            sock.settimeout(0.5)
         except OSError as e:
             raise DaemonError(f"cannot listen on {path}: {e.strerror}") from None
         self._listener = sock
 
     def _close_listener(self) -> None:
         if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the control thread out of accept()
+            except OSError:
+                pass
             self._listener.close()
             self._listener = None
             try:
@@ -470,9 +502,7 @@ class Daemon:
         while not self._stop and self._listener is not None:
             try:
                 conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+            except OSError:  # shut down: the daemon is stopping
                 return
             if not self._clients.acquire(blocking=False):
                 self._reply(conn, Response(False, "busy: too many control connections"))
@@ -511,8 +541,7 @@ class Daemon:
 
     def _handle(self, req: Request) -> Response:
         if isinstance(req, StatusRequest):
-            with self._status_lock:
-                return Response(True, data=dict(self._status))
+            return Response(True, data=self._fresh_status())
         if isinstance(req, LatestRequest):
             stored = list_stored(self.out.windows, WINDOW_RE)[-req.count:]
             return Response(True, data={"windows": [str(s.path) for s in stored]})
@@ -540,12 +569,35 @@ class Daemon:
         self._trigger_seq += 1
         t = _Trigger(self._trigger_seq, req, pids, duration, freq)
         self._requests.put(t)
+        self._wake()
         if not t.done.wait(duration + 120):
             return Response(False, "the capture did not finish in time")
         assert t.reply is not None
         return t.reply
 
     # --- status ---------------------------------------------------------------------------------------------
+    # Built by the main loop (it owns the collector) when a client asks, not on a timer: an idle daemon spends
+    # nothing on it.
+
+    def _fresh_status(self) -> dict[str, Any]:
+        """(Control thread) ask the main loop for a status and wait for it; the last one if it is busy."""
+        ready = threading.Event()
+        with self._status_lock:
+            self._status_waiters.append(ready)
+        self._wake()
+        ready.wait(STATUS_WAIT_S)
+        with self._status_lock:
+            if ready in self._status_waiters:
+                self._status_waiters.remove(ready)
+            return dict(self._status)
+
+    def _answer_status(self) -> None:
+        with self._status_lock:
+            waiting, self._status_waiters = self._status_waiters, []
+        if waiting:
+            self._publish_status()
+            for ready in waiting:
+                ready.set()
 
     def _publish_status(self) -> None:
         c = self._collector

@@ -42,6 +42,30 @@ def test_ring_buffer_wraps_without_losing_a_decodable_record() -> None:
     assert counters["samples"] == len(samples) + counters["lost"], (counters, len(samples))
 
 
+
+def test_a_watched_fd_ends_a_wait() -> None:
+    """Samples never wake the agent (they wait for its timer); a readable watched fd (the daemon's wakeup pipe:
+    signals, control requests) ends the wait at once."""
+    sampler = CpuSampler(SamplerConfig(frequency=99, event="cpu-clock"), lambda s: None, lambda e: None,
+                         lambda r: None)
+    r, w = os.pipe()
+    try:
+        sampler.start([os.getpid()])
+        sampler.watch(r)
+        t0 = time.monotonic()
+        sampler.wait(0.3)
+        idle = time.monotonic() - t0
+        os.write(w, b"x")
+        t0 = time.monotonic()
+        sampler.wait(30.0)
+        woken = time.monotonic() - t0
+    finally:
+        sampler.close()
+        os.close(r)
+        os.close(w)
+    assert idle >= 0.25, idle  # nothing readable: the whole timeout
+    assert woken < 5, woken
+
 def test_maps_round_trip() -> None:
     sampler = CpuSampler(SamplerConfig(probes=True), lambda s: None, lambda e: None, lambda r: None)
     try:
