@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
 MISSING_USER = Frame("[missing user stack]", FrameKind.UNKNOWN)
 UNKNOWN_KERNEL = Frame("[unknown]", FrameKind.KERNEL, module="[kernel]")
 BROKEN_CHAIN = Frame("[unknown]", FrameKind.UNKNOWN)  # the rest of a user stack whose frame chain broke
+
+_DEDUPE = True  # build each distinct raw stack once; tests turn it off to compare with building every sample
+_UNSEEN = (Mapping(0, 0, 0, ""), -1)  # not located yet (None: located nowhere)
+# A RawPyFrame's fields as a plain tuple: hashed and compared in C, unlike the dataclass's generated methods.
+_PY_FIELDS = operator.attrgetter("code", "instr", "owner", "is_entry")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,10 @@ class _ProcessIndex:
             return None
         m = self._by_start[i][starts[j]]
         return m if addr < m.end else None
+
+    def epoch(self, time_ns: int) -> int:
+        """How many snapshots precede `time_ns` (0 with a single snapshot): `find` depends on time only by this."""
+        return bisect.bisect_right(self.times, time_ns) if len(self.times) > 1 else 0
 
     def find(self, addr: int, time_ns: int) -> Mapping | None:
         # Prefer the latest snapshot taken before the sample, then later ones (read after the sample).
@@ -85,26 +95,42 @@ def symbolize_capture(
                  for e in cap.events if e.args.get("func")]
     raws = [*cap.samples, *event_raws, *func_raws]
 
-    # Pass 1: which file offsets does each module need?  Return addresses (all but the leaf) point after
-    # the call; look up addr - 1 so the frame names the calling function and line.
+    # Pass 1: locate each distinct user chain once per snapshot epoch (samples between the same two snapshots
+    # locate alike), and note which file offsets each module needs. Return addresses (all but the leaf) point
+    # after the call; look up addr - 1 so the frame names the calling function and line. Chains that locate
+    # alike (the same addresses in another epoch, mapped the same) share a resolution id.
     located: dict[tuple[int, int, int, bool], tuple[Mapping, int] | None] = {}
+    chains: dict[tuple[int, tuple[int, ...], int], _Chain] = {}
+    resolutions: dict[tuple[bool, tuple[tuple[str, str, int], ...]], int] = {}
     wanted: dict[tuple[str, str], set[int]] = defaultdict(set)
+    raw_chains: list[_Chain] = []
     for s in raws:
         idx = index.get(s.pid)
-        for depth, addr in enumerate(s.user):
-            key = (s.pid, addr, s.time_ns if idx and len(idx.snaps) > 1 else 0, depth == 0)
-            if key in located:
-                continue
-            m = idx.find(addr, s.time_ns) if idx else None
-            if m is None:
-                located[key] = None
-                break  # the chain broke here (see _user_frames): nothing rootward is a real frame
-            if not m.path.startswith("/"):
-                located[key] = (m, 0)
-                continue
-            off = addr - m.start + m.file_offset - (1 if depth else 0)
-            located[key] = (m, off)
-            wanted[(m.path, m.build_id)].add(off)
+        when = idx.epoch(s.time_ns) if idx else 0
+        chain = chains.get((s.pid, s.user, when))
+        if chain is None:
+            hits: list[tuple[Mapping, int]] = []
+            for depth, addr in enumerate(s.user):
+                key = (s.pid, addr, when, depth == 0)
+                found = located.get(key, _UNSEEN)
+                if found is _UNSEEN:
+                    m = idx.find(addr, s.time_ns) if idx else None
+                    if m is None:
+                        found = None
+                    elif not m.path.startswith("/"):
+                        found = (m, 0)
+                    else:
+                        off = addr - m.start + m.file_offset - (1 if depth else 0)
+                        found = (m, off)
+                        wanted[(m.path, m.build_id)].add(off)
+                    located[key] = found
+                if found is None:
+                    break  # the chain broke here (see _user_frames): nothing rootward is a real frame
+                hits.append(found)
+            broken = len(hits) < len(s.user)
+            sig = (broken, tuple([(m.path, m.build_id, off) for m, off in hits]))
+            chain = chains[(s.pid, s.user, when)] = _Chain(hits, broken, resolutions.setdefault(sig, len(resolutions)))
+        raw_chains.append(chain)
 
     names: dict[tuple[str, str], dict[int, Frame]] = {}
     for (path, build_id), offsets in wanted.items():
@@ -114,22 +140,19 @@ def symbolize_capture(
                                          "target": cap.header.target,
                                          "frequency_hz": str(cap.header.frequency_hz)})
     pynames = _PythonNames(cap)
+    comms = {pid: idx.comm for pid, idx in index.items()}
     kcache: dict[int, Frame] = {}
-    event_stacks: list[Stack] = []
-    for n, s in enumerate(raws):
-        idx = index.get(s.pid)
-        if n >= len(cap.samples) + len(event_raws):  # a kernel's host address: its frame alone
-            event_stacks.append(tuple(_user_frames(s, idx, located, names)))
-            continue
+
+    def build(s: RawSample, chain: _Chain, counters: dict[str, int]) -> Stack:
         frames: list[Frame] = []
         if opts.group in ("process", "thread"):
-            frames.append(Frame((idx.comm if idx and idx.comm else s.comm) or str(s.pid), FrameKind.PROCESS))
+            frames.append(Frame(comms.get(s.pid) or s.comm or str(s.pid), FrameKind.PROCESS))
         if opts.group == "thread":
             frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
         if opts.user:
-            user = _user_frames(s, idx, located, names)
+            user = _user_frames(s, chain, names)
             if s.py and s.py_flags & PY_TSTATE and opts.python != "native":
-                frames.extend(pynames.merged(s, user, prof.counters, python_only=opts.python == "python"))
+                frames.extend(pynames.merged(s, user, counters, python_only=opts.python == "python"))
             elif opts.python != "python":
                 frames.extend(user)
         if opts.kernel:
@@ -140,7 +163,35 @@ def symbolize_capture(
                     f = Frame(name, FrameKind.KERNEL, module="[kernel]") if name else UNKNOWN_KERNEL
                     kcache[addr] = f
                 frames.append(f)
-        stack: Stack = tuple(frames)
+        return tuple(frames)
+
+    # A busy loop repeats a handful of raw stacks thousands of times: build each distinct one once, so equal
+    # samples share one Stack object (exporters cache labels by its id), and replay the counters its merge added.
+    # The key holds all `build` reads: the chain's resolution stands for the user addresses and the snapshot in
+    # force, the code epoch for the time Python frames are named at.
+    who = opts.group in ("process", "thread")
+    thread = opts.group == "thread"
+    memo: dict[tuple[object, ...], tuple[Stack, dict[str, int]]] = {}
+    event_stacks: list[Stack] = []
+    for n, (s, chain) in enumerate(zip(raws, raw_chains, strict=True)):
+        if n >= len(cap.samples) + len(event_raws):  # a kernel's host address: its frame alone
+            event_stacks.append(tuple(_user_frames(s, chain, names)))
+            continue
+        raw_key: tuple[object, ...] | None = None
+        hit = None
+        if _DEDUPE:
+            raw_key = (s.pid, chain.resolution, s.kern, tuple(map(_PY_FIELDS, s.py)), s.py_flags, s.user_err != 0,
+                       pynames.epoch(s.pid, s.time_ns) if s.py else 0,
+                       (comms.get(s.pid) or s.comm) if who else "", (s.comm, s.tid) if thread else None)
+            hit = memo.get(raw_key)
+        if hit is None:
+            delta: dict[str, int] = {}
+            hit = (build(s, chain, delta), delta)
+            if raw_key is not None:
+                memo[raw_key] = hit
+        stack, delta = hit
+        for k, v in delta.items():
+            prof.counters[k] = prof.counters.get(k, 0) + v
         if n < len(cap.samples):
             prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
         else:
@@ -154,28 +205,24 @@ def symbolize_capture(
     return prof
 
 
-def _user_frames(
-    s: RawSample,
-    idx: _ProcessIndex | None,
-    located: dict[tuple[int, int, int, bool], tuple[Mapping, int] | None],
-    names: dict[tuple[str, str], dict[int, Frame]],
-) -> list[Frame]:
+@dataclass(slots=True)
+class _Chain:
+    """A user stack located in one snapshot epoch: the (mapping, file offset) of each frame up to where it broke."""
+
+    hits: list[tuple[Mapping, int]]
+    broken: bool  # an address rootward of `hits` is in no mapping
+    resolution: int  # equal for chains that name alike
+
+
+def _user_frames(s: RawSample, chain: _Chain, names: dict[tuple[str, str], dict[int, Frame]]) -> list[Frame]:
     if not s.user:
         # A sample taken in the kernel on behalf of a thread with no user stack (or a failed lookup).
         return [MISSING_USER] if s.user_err or not s.kern else []
-    multi = bool(idx and len(idx.snaps) > 1)
-    when = s.time_ns if multi else 0
-    hits: list[tuple[Mapping, int]] = []
     # Leaf first: an address in no executable mapping cannot be a return address, so the frame-pointer chain
     # broke there (code built without frame pointers) and every frame rootward of it came from the broken
     # chain. One `[unknown]` stands for them instead of up to a hundred garbage frames.
-    for depth, addr in enumerate(s.user):
-        hit = located.get((s.pid, addr, when, depth == 0))
-        if hit is None:
-            break
-        hits.append(hit)
-    out: list[Frame] = [BROKEN_CHAIN] if len(hits) < len(s.user) else []
-    for m, off in reversed(hits):
+    out: list[Frame] = [BROKEN_CHAIN] if chain.broken else []
+    for m, off in reversed(chain.hits):
         if not m.path.startswith("/"):
             out.append(Frame("[unknown]", FrameKind.UNKNOWN, module=m.path or "[anon]"))
             continue
@@ -193,8 +240,13 @@ class _PythonNames:
         self.codes: dict[tuple[int, int], list[PyCode]] = defaultdict(list)
         for c in cap.py_codes:
             self.codes[(c.pid, c.addr)].append(c)
-        for lst in self.codes.values():
+        # Per pid, when an address got its 2nd, 3rd... code object: names depend on a sample's time only by
+        # how many of these precede it.
+        changes: dict[int, list[int]] = defaultdict(list)
+        for (pid, _), lst in self.codes.items():
             lst.sort(key=lambda c: c.time_ns)
+            changes[pid].extend(c.time_ns for c in lst[1:])
+        self._changes = {pid: sorted(times) for pid, times in changes.items() if times}
         self.version: dict[int, tuple[int, int]] = {}
         self.owner_cstack: dict[int, int] = {}
         for r in cap.py_runtimes:
@@ -204,6 +256,11 @@ class _PythonNames:
             lay = layout_for(v)
             self.owner_cstack[r.pid] = lay.owner_cstack if lay else -1
         self._frames: dict[tuple[int, int, int, int], Frame] = {}
+
+    def epoch(self, pid: int, time_ns: int) -> int:
+        """How many code-object replacements in `pid` precede `time_ns`; `frame` depends on time only by this."""
+        times = self._changes.get(pid)
+        return bisect.bisect_right(times, time_ns) if times else 0
 
     def frame(self, pid: int, f: RawPyFrame, time_ns: int) -> Frame:
         cands = self.codes.get((pid, f.code))
