@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: ## install Debian BCC + headers, link headers, mount tracefs, create .venv (idempotent)
 	@./scripts/setup-host.sh
@@ -31,6 +31,12 @@ test: setup examples ## lint, type-check, unit tests and real BPF integration te
 bench: setup examples ## benchmarks (minutes); results go to bench/results/ and BENCHMARKS.md figures
 	$(PY) bench/run.py
 
+install-agent: setup ## install the daemon: /usr/local/bin/aiflame, the systemd unit, /etc/aiflame/aiflame.toml; start it
+	@./scripts/install-agent.sh
+
+uninstall-agent: ## stop and remove the daemon's unit and /usr/local/bin/aiflame (keeps config and output)
+	@./scripts/install-agent.sh --remove
+
 proto: setup ## regenerate agent/aiflame_capture_pb2.py from the schema
 	$(PY) -m grpc_tools.protoc -Iagent --python_out=agent --pyi_out=agent agent/aiflame_capture.proto
 	$(PY) -m grpc_tools.protoc -Iexporters --python_out=exporters --pyi_out=exporters exporters/pprof.proto
@@ -39,4 +45,4 @@ clean: ## remove build outputs (keeps .venv)
 	rm -rf out build *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	@$(MAKE) -s -C examples clean
 
-.PHONY: help setup examples demo lint test bench proto clean
+.PHONY: help setup examples demo lint test bench install-agent uninstall-agent proto clean

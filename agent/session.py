@@ -62,9 +62,20 @@ class SessionResult:
     probed: list[Attached] = field(default_factory=list)  # libraries whose runtime calls were probed
 
 
+INIT_PID_NS = "pid:[4026531836]"  # the kernel's fixed inode of the initial PID namespace (PROC_PID_INIT_INO)
+
+
 def check_root() -> None:
+    """Root, and a /proc that numbers processes as BPF does (the host's PID namespace)."""
     if os.geteuid() != 0:
         raise SessionError("must run as root (BPF and perf events need it); try sudo")
+    try:
+        ns = os.readlink("/proc/1/ns/pid")  # pid 1 of the namespace this /proc shows
+    except OSError:
+        return
+    if ns != INIT_PID_NS:
+        raise SessionError("runs in a PID namespace other than the host's: BPF reports host pids, which this /proc "
+                           "does not show; run it in the host's (docker run --pid=host, Kubernetes hostPID: true)")
 
 
 def _proc_state(pid: int) -> str | None:
