@@ -41,8 +41,14 @@ def _libnccl() -> str:
 def _sample(pid: int) -> tuple[float, int, int]:
     rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
     fds = os.listdir(f"/proc/{pid}/fd")
-    links = sum(1 for f in fds if os.readlink(f"/proc/{pid}/fd/{f}").startswith("anon_inode:bpf_link"))
-    return rss, len(fds), links
+    return rss, len(fds), sum(1 for f in fds if _fd_target(pid, f).startswith("anon_inode:bpf_link"))
+
+
+def _fd_target(pid: int, fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except FileNotFoundError:  # closed since the listing
+        return ""
 
 
 def main() -> int:
@@ -58,6 +64,15 @@ def main() -> int:
     log = open(tmp / "daemon.log", "wb")
     d = subprocess.Popen([sys.executable, "-m", "aiflame.agent.daemon_cmd", "agent", "--config", str(tmp / "c.toml")],
                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return _soak(args, tmp, d)
+    finally:
+        if d.poll() is None:
+            d.terminate()
+            d.wait(120)
+
+
+def _soak(args: argparse.Namespace, tmp: Path, d: subprocess.Popen[bytes]) -> int:
     while b"INFO started" not in (tmp / "daemon.log").read_bytes():
         time.sleep(0.2)
     lib = _libnccl()
