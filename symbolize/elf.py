@@ -365,6 +365,14 @@ class ElfFile:
             raise
         return cls(os.fsdecode(path), fd, size, h, segments, sections)
 
+    @property
+    def fd_path(self) -> str:
+        """A path to exactly this open file for as long as it stays open, even once its own path is gone (a
+        `/proc/PID/root/...` path of a process that exited, a file deleted or replaced)."""
+        if self._fd is None:
+            raise SymbolizeError(f"{self._label}: closed")
+        return f"/proc/self/fd/{self._fd}"
+
     def close(self) -> None:
         """Release the file descriptor; later section reads raise SymbolizeError."""
         self._fd = None

@@ -180,9 +180,9 @@ class ProbeManager:
             self._owner[id(spec)] = rt
             self._bpf.set_probe_spec(probe, spec_rec(spec))
             try:
-                self._bpf.attach_probe(elf.path, note.offset, probe, ref_ctr=spec.semaphore)  # 0: no semaphore
+                self._bpf.attach_probe(elf.fd_path, note.offset, probe, ref_ctr=spec.semaphore)  # 0: no semaphore
             except UprobeError as e:
-                self.warnings.append(str(e))
+                self.warnings.append(str(e).replace(elf.fd_path, path))
                 continue
             done = self._placed(done, path, rt, call)
         return done
@@ -199,12 +199,14 @@ class ProbeManager:
             offset = elf.vaddr_to_file_offset(addrs[sym])
             if offset is None:
                 continue
+            # Through the open file, not its path: a /proc/PID/root path fails once that process exits, and the
+            # file would then stay unprobed for every later process (the soak's first target often exits here).
             try:
-                self._bpf.attach_probe(elf.path, offset, probe)
+                self._bpf.attach_probe(elf.fd_path, offset, probe)
                 if spec.ret:
-                    self._bpf.attach_probe(elf.path, offset, probe, ret=True)
+                    self._bpf.attach_probe(elf.fd_path, offset, probe, ret=True)
             except UprobeError as e:
-                self.warnings.append(str(e))
+                self.warnings.append(str(e).replace(elf.fd_path, path))
                 continue
             done = self._placed(done, path, rt, spec.call)
         return done

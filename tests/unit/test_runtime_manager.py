@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, Pr
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
 from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
 from aiflame.agent.sampler import CallRecord, RetRecord
+from aiflame.agent.uprobes import UprobeError
 from aiflame.raw import GpuCode, RawEvent
 from aiflame.symbolize.elf import ElfFile
 
@@ -94,6 +97,27 @@ def test_a_file_that_could_not_be_opened_is_tried_again(monkeypatch: pytest.Monk
     assert mgr.consider(LIBC) is None and not bpf.attached
     assert mgr.consider(LIBC) is not None and bpf.attached
 
+
+
+def test_probes_go_in_through_the_open_file(tmp_path: Path) -> None:
+    """Found in the next soak: the first process exited after its /proc/PID/root path was opened but before the
+    probes went in by that path; every attach failed and the file was remembered as unprobed. Probes now go in
+    through the open file, which outlives its path."""
+    lib = tmp_path / Path(LIBC).name
+    shutil.copy(LIBC, lib)
+
+    class PathGoneBpf(FakeBpf):
+        def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False, ref_ctr: int = 0) -> None:
+            lib.unlink(missing_ok=True)  # the path dies at the first attach
+            if not os.path.exists(path):  # as perf_event_open resolves it
+                raise UprobeError(f"cannot probe {path}+{offset:#x}: No such file or directory")
+            super().attach_probe(path, offset, probe, ret=ret, ref_ctr=ref_ctr)
+
+    bpf = PathGoneBpf()
+    mgr = ProbeManager([Libc()], bpf)
+    placed = mgr.consider(str(lib))
+    assert placed is not None and placed.path == str(lib) and set(placed.calls) == {"write", "getpid", "exit"}
+    assert not mgr.warnings
 
 def test_calls_pair_with_returns_per_thread() -> None:
     mgr = ProbeManager([Libc()], FakeBpf())
