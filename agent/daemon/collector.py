@@ -46,6 +46,7 @@ class WindowResult:
     events: int
     counters: dict[str, int] = field(default_factory=dict)
     pids: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # new in this window (probes, Python walker, GPU code)
 
 
 class Collector(Session):
@@ -68,6 +69,7 @@ class Collector(Session):
         self._registrations: dict[int, list[RawEvent]] = {}  # pid -> fatbin/function registrations
         self.windows_written = 0
         self._idle_since = time.monotonic()
+        self._reported: set[str] = set()  # warnings already handed out in a WindowResult
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -177,7 +179,7 @@ class Collector(Session):
             counters["returns_lost"] = self.probes.returns_lost
         self.stats.counters = now_counters
         result = WindowResult(writer.path, self.stats.samples - self._window_samples0,
-                              self.stats.events - self._window_events0, counters, self.targets)
+                              self.stats.events - self._window_events0, counters, self.targets, self._new_warnings())
         writer.close(CaptureFooter(time.time_ns(), _mono_ns(), 0, counters, stop_reason, _cpu_s() - self._cpu0))
         self._writer = None
         self._events.clear()
@@ -191,6 +193,15 @@ class Collector(Session):
             w, self._writer = self._writer, None
             w.close(CaptureFooter(stop_reason="aborted"))
             w.path.unlink(missing_ok=True)
+
+    def _new_warnings(self) -> list[str]:
+        """Warnings not reported before (each once; the lists they come from keep their last 20)."""
+        every = [*(self.probes.warnings if self.probes else []), *self.python.warnings, *self._code_warnings]
+        new = [w for w in dict.fromkeys(every) if w not in self._reported]
+        if len(self._reported) > 4096:
+            self._reported.clear()  # bounded: a warning may then be reported once more
+        self._reported.update(new)
+        return new
 
     # --- bounded state --------------------------------------------------------------------------------------
 

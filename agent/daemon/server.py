@@ -296,6 +296,8 @@ class Daemon:
         if self._window_partial is None:
             return
         result = self._collector.close_window(reason)
+        for w in result.warnings:
+            log.warning("collector: %s", w)
         if not result.samples and not result.events and not result.pids:
             shutil.rmtree(self._window_partial, ignore_errors=True)  # nothing watched: no empty windows pile up
             self._window_partial = None
@@ -422,6 +424,8 @@ class Daemon:
             return
         result = t.collector.close_window(reason)
         t.collector.close()
+        for w in result.warnings:
+            log.warning("capture c%04d: %s", t.seq, w)
         self.captures_written += 1
         log.info("capture closed id=c%04d samples=%d events=%d reason=%s", t.seq, result.samples, result.events,
                  reason.replace(" ", "-"))

@@ -1,0 +1,16 @@
+"""The daemon collector's bookkeeping that needs no BPF: warnings reach the daemon's log once each."""
+
+from __future__ import annotations
+
+from aiflame.agent.daemon.collector import Collector
+from aiflame.agent.sampler import SamplerConfig
+
+
+def test_each_warning_is_reported_once() -> None:
+    c = Collector(SamplerConfig(), runtimes=False, label="t")
+    c.python.warnings.extend(["pid 1: no interpreter", "pid 1: no interpreter"])
+    c._code_warnings.append("no cubin for kernel k")
+    assert c._new_warnings() == ["pid 1: no interpreter", "no cubin for kernel k"]
+    assert c._new_warnings() == []
+    c.python.warnings.append("pid 2: no interpreter")
+    assert c._new_warnings() == ["pid 2: no interpreter"]
