@@ -101,6 +101,17 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of start times in /proc/PID/stat
+
+
+def _uptime_s() -> float:
+    """Seconds since boot, the clock of /proc/PID/stat start times."""
+    try:
+        return float(_read("/proc/uptime").split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def vm_pages(pid: int) -> int | None:
     """The process's virtual size in pages (/proc/PID/statm): it grows when a library is mapped."""
     try:
@@ -162,6 +173,7 @@ class Discovery:
 
     def scan(self, now: float | None = None) -> tuple[list[ProcInfo], list[int]]:
         now = time.monotonic() if now is None else now
+        uptime = _uptime_s()
         live: set[int] = set()
         new: list[ProcInfo] = []
         for name in os.listdir("/proc"):
@@ -193,7 +205,10 @@ class Discovery:
                 self.targets[pid] = info
                 new.append(info)
             else:
-                self._seen[pid] = _Seen(info.start, now + self.recheck_s, pages, info.runtimes)
+                # A young process is about to load its libraries (Python imports torch after it starts): look
+                # again sooner the younger it is, up to every `recheck_s` for old ones.
+                wait = min(self.recheck_s, max(uptime - info.start / CLK_TCK, 0.0) / 2)
+                self._seen[pid] = _Seen(info.start, now + wait, pages, info.runtimes)
         gone = [pid for pid in self.targets if pid not in live]
         for pid in gone:
             del self.targets[pid]

@@ -128,6 +128,42 @@ def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.M
         idle.wait()
 
 
+
+def test_discovery_looks_again_sooner_at_young_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in CI: a Python job scanned between its exec and its import of the runtime was not looked at again for
+    10 s, and a job shorter than that was never watched. A process is re-checked after half its age, at most
+    `recheck_s`: at once when it just started, every 10 s when it is old."""
+    from aiflame.agent.daemon import discovery
+
+    young = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.2)
+        uptime = discovery._uptime_s()
+        d = Discovery(Selector(WatchConfig(accelerators=True)))
+        d.scan(now=100.0)
+        checked: list[int] = []
+        real = discovery.read_info
+
+        def counting(pid: int, maps: bool) -> discovery.ProcInfo | None:
+            checked.append(pid)
+            return real(pid, maps)
+
+        monkeypatch.setattr(discovery, "read_info", counting)
+        d.scan(now=101.0)  # one second later: the young one is looked at again; none older than ~2 s is
+        assert young.pid in checked
+        for pid in checked:
+            start = discovery.start_time(pid)
+            assert start is None or uptime - start / discovery.CLK_TCK < 3, pid
+        # Processes that wait (kernel threads wait far longer and are left out).
+        old = [p for p in d._seen if p not in checked and d._seen[p].next_check <= 100.0 + d.recheck_s]
+        assert old, "no process old enough to wait"
+        checked.clear()
+        d.scan(now=100.0 + d.recheck_s + 1)
+        assert set(old) & set(checked)  # old processes: every recheck_s
+    finally:
+        young.kill()
+        young.wait()
+
 def _is_kthread(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes() == b""
