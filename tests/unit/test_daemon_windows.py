@@ -85,17 +85,11 @@ def test_discovery_reads_kernel_threads_once(monkeypatch: pytest.MonkeyPatch) ->
     assert kthreads, "no kernel thread visible in /proc"
     d = Discovery(Selector(WatchConfig(accelerators=True)))
     d.scan(now=100.0)
-    reads: list[int] = []
-    real = discovery.read_info
-    def counting(pid: int, maps: bool) -> discovery.ProcInfo | None:
-        reads.append(pid)
-        return real(pid, maps)
-
-    monkeypatch.setattr(discovery, "read_info", counting)
+    reads = _count_reads(monkeypatch)
     d.scan(now=102.0)
-    assert not set(reads) & set(kthreads)
+    assert not {pid for pid, _ in reads} & set(kthreads)
     d.scan(now=100.0 + discovery.KTHREAD_RECHECK_S + 1)
-    assert set(kthreads) & set(reads), "kernel threads are still looked at, rarely"
+    assert set(kthreads) & {pid for pid, _ in reads}, "kernel threads are still looked at, rarely"
 
 
 def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,22 +101,14 @@ def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.M
         time.sleep(0.2)  # exec'd
         d = Discovery(Selector(WatchConfig(accelerators=True)))
         d.scan(now=100.0)
-        maps_reads: list[int] = []
-        real = discovery.read_info
-
-        def counting(pid: int, maps: bool) -> discovery.ProcInfo | None:
-            if maps:
-                maps_reads.append(pid)
-            return real(pid, maps)
-
-        monkeypatch.setattr(discovery, "read_info", counting)
+        reads = _count_reads(monkeypatch)
         d.scan(now=100.0 + d.recheck_s + 1)
-        assert idle.pid not in maps_reads  # looked at again, same size: maps not read
+        assert (idle.pid, True) not in reads  # looked at again, same size: maps not read
         pages = discovery.vm_pages(idle.pid)
         assert pages
         monkeypatch.setattr(discovery, "vm_pages", lambda pid: pages + 1 if pid == idle.pid else None)
         d.scan(now=100.0 + 2 * (d.recheck_s + 1))
-        assert idle.pid in maps_reads  # it grew: maybe a library was loaded
+        assert (idle.pid, True) in reads  # it grew: maybe a library was loaded
     finally:
         idle.kill()
         idle.wait()
@@ -141,15 +127,9 @@ def test_discovery_looks_again_sooner_at_young_processes(monkeypatch: pytest.Mon
         uptime = discovery._uptime_s()
         d = Discovery(Selector(WatchConfig(accelerators=True)))
         d.scan(now=100.0)
-        checked: list[int] = []
-        real = discovery.read_info
-
-        def counting(pid: int, maps: bool) -> discovery.ProcInfo | None:
-            checked.append(pid)
-            return real(pid, maps)
-
-        monkeypatch.setattr(discovery, "read_info", counting)
+        reads = _count_reads(monkeypatch)
         d.scan(now=101.0)  # one second later: the young one is looked at again; none older than ~2 s is
+        checked = [pid for pid, _ in reads]
         assert young.pid in checked
         for pid in checked:
             start = discovery.start_time(pid)
@@ -157,12 +137,27 @@ def test_discovery_looks_again_sooner_at_young_processes(monkeypatch: pytest.Mon
         # Processes that wait (kernel threads wait far longer and are left out).
         old = [p for p in d._seen if p not in checked and d._seen[p].next_check <= 100.0 + d.recheck_s]
         assert old, "no process old enough to wait"
-        checked.clear()
+        reads.clear()
         d.scan(now=100.0 + d.recheck_s + 1)
-        assert set(old) & set(checked)  # old processes: every recheck_s
+        assert set(old) & {pid for pid, _ in reads}  # old processes: every recheck_s
     finally:
         young.kill()
         young.wait()
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """From now on, every discovery.read_info call as (pid, whether the maps were read)."""
+    from aiflame.agent.daemon import discovery
+
+    reads: list[tuple[int, bool]] = []
+    real = discovery.read_info
+
+    def counting(pid: int, maps: bool) -> ProcInfo | None:
+        reads.append((pid, maps))
+        return real(pid, maps)
+
+    monkeypatch.setattr(discovery, "read_info", counting)
+    return reads
 
 def _is_kthread(pid: int) -> bool:
     try:
