@@ -88,7 +88,6 @@ def test_bpf_compile_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert "cannot load the BPF sampler" in err and "Traceback" not in err
 
 
-
 @pytest.mark.parametrize("cmd", [["profile", "-q", "-d", "1", "--", "true"], ["agent"]])
 def test_outside_the_host_pid_namespace(tmp_path: Path, cmd: list[str]) -> None:
     """In a container's PID namespace (its own /proc) BPF's host pids match nothing there: refuse, one line."""
@@ -100,6 +99,7 @@ def test_outside_the_host_pid_namespace(tmp_path: Path, cmd: list[str]) -> None:
         argv += ["--config", str(tmp_path / "c.toml")]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     _one_line_error(proc, "PID namespace other than the host's")
+
 
 @pytest.mark.parametrize("content,pattern", [
     (b"", "not an aiflame capture"),

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from aiflame.agent.session import _proc_state
 from tests.conftest import REPO
 
 HOT = "import time\ndef top_hot_fn():\n    while True: pass\ntop_hot_fn()\n"
@@ -71,7 +72,7 @@ def test_top_shows_the_hot_function_and_quits(quit_key: bytes) -> None:
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, rest[-2000:])
         assert "Traceback" not in shown + rest
         os.close(fd)
-        state = open(f"/proc/{target.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        state = _proc_state(target.pid)
         assert state in ("R", "S"), state  # never left stopped
     finally:
         target.send_signal(signal.SIGKILL)
