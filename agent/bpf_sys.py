@@ -4,6 +4,7 @@ events, and BPF links with a cookie. Errors are OSError with the errno."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import os
 from pathlib import Path
@@ -103,7 +104,7 @@ def map_lookup(map_fd: int, key: bytes, value_size: int) -> bytes | None:
     """The value at `key`, or None when there is none."""
     k, v = ctypes.create_string_buffer(key, len(key)), ctypes.create_string_buffer(value_size)
     if _elem(BPF_MAP_LOOKUP_ELEM, map_fd, k, v) < 0:
-        if ctypes.get_errno() == 2:  # ENOENT
+        if ctypes.get_errno() == errno.ENOENT:
             return None
         _check(-1, "bpf map lookup")
     return v.raw
@@ -118,7 +119,7 @@ def map_delete(map_fd: int, key: bytes) -> bool:
     """Remove `key`; False when it was not there."""
     k = ctypes.create_string_buffer(key, len(key))
     if _elem(BPF_MAP_DELETE_ELEM, map_fd, k, None) < 0:
-        if ctypes.get_errno() == 2:
+        if ctypes.get_errno() == errno.ENOENT:
             return False
         _check(-1, "bpf map delete")
     return True
