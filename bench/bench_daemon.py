@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, rss_mb
 
 SPIN = r"""
 #include <pthread.h>
@@ -43,10 +44,6 @@ int main(int argc, char **argv) { secs = atof(argv[1]); pthread_t t[2]; unsigned
 def _cpu_s(pid: int) -> float:
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mb(pid: int) -> float:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
 def _rss_split_mb(pid: int) -> str:
@@ -91,7 +88,7 @@ def main() -> int:
         _run_target(exe, args.seconds)
         cpu = _cpu_s(d.pid) - cpu0
         elapsed = time.monotonic() - t0
-        rss = _rss_mb(d.pid)
+        rss = rss_mb(d.pid)
         split = _rss_split_mb(d.pid)
         # Slowdown: watched vs. unwatched runs interleaved (order alternating), the ratio of each pair, median.
         for i in range(args.pairs):
@@ -102,7 +99,7 @@ def main() -> int:
         d.terminate()
         d.wait(120)
     ratios.sort()
-    median = ratios[len(ratios) // 2] if len(ratios) % 2 else sum(ratios[len(ratios) // 2 - 1:][:2]) / 2
+    median = statistics.median(ratios)
     print(f"agent CPU {100 * cpu / elapsed:.3f}% of a core (goal <= 0.3%)")
     print(f"agent RSS {rss:.1f} MB (goal <= 100 MB; MB {split})")
     print(f"target slowdown {100 * (1 - median):.2f}% median of {len(ratios)} interleaved pairs "

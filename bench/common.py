@@ -17,6 +17,11 @@ RESULTS = REPO / "bench" / "results"
 PERF_EVENT_PROG = 7  # BPF_PROG_TYPE_PERF_EVENT
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of `pid` in MB (/proc/PID/statm)."""
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
 def aiflame_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiflame", *args]
 

@@ -16,7 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, rss_mb
 
 TARGET = textwrap.dedent("""
     import ctypes, os, sys, time
@@ -39,9 +39,8 @@ def _libnccl() -> str:
 
 
 def _sample(pid: int) -> tuple[float, int, int]:
-    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
     fds = os.listdir(f"/proc/{pid}/fd")
-    return rss, len(fds), sum(1 for f in fds if _fd_target(pid, f).startswith("anon_inode:bpf_link"))
+    return rss_mb(pid), len(fds), sum(1 for f in fds if _fd_target(pid, f).startswith("anon_inode:bpf_link"))
 
 
 def _fd_target(pid: int, fd: str) -> str:
