@@ -37,8 +37,8 @@ install-agent: setup ## install the daemon: /usr/local/bin/aiflame, the systemd 
 uninstall-agent: ## stop and remove the daemon's unit and /usr/local/bin/aiflame (keeps config and output)
 	@./scripts/install-agent.sh --remove
 
-proto: setup ## regenerate agent/aiflame_capture_pb2.py from the schema
-	$(PY) -m grpc_tools.protoc -Iagent --python_out=agent --pyi_out=agent agent/aiflame_capture.proto
+proto: setup ## regenerate core/aiflame_capture_pb2.py from the schema
+	$(PY) -m grpc_tools.protoc -Icore --python_out=core --pyi_out=core core/aiflame_capture.proto
 	$(PY) -m grpc_tools.protoc -Iexporters --python_out=exporters --pyi_out=exporters exporters/pprof.proto
 
 clean: ## remove build outputs (keeps .venv)

@@ -8,10 +8,10 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable
 
-from aiflame.raw import GpuCode, RawEvent
-from aiflame.symbolize.cubin import parse_cubin
+from aiflame.core.raw import GpuCode, RawEvent
+from aiflame.symbolize.accel.cubin import parse_cubin
+from aiflame.symbolize.accel.fatbin import iter_entries
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.fatbin import iter_entries
 
 MAX_FATBIN_BYTES = 1 << 30
 

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiflame.core.model import EventKind, Profile
+from aiflame.core.raw import Capture
 from aiflame.exporters import REGISTRY, get_exporter
 from aiflame.exporters.chakra import write_traces
-from aiflame.model import EventKind, Profile
-from aiflame.raw import Capture
 from aiflame.symbolize.events import launch_profile
 
 CHAKRA = "chakra"  # several files (one per rank), so not an Exporter of the registry

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from aiflame.raw import Mapping, ProcessSnapshot
-from aiflame.symbolize.elf import read_build_id
+from aiflame.core.raw import Mapping, ProcessSnapshot
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf import read_build_id
 
 
 class BuildIdCache:

@@ -3,7 +3,7 @@ wrappers set `RANK`/`WORLD_SIZE`, often `LOCAL_RANK`): the fallback when no runt
 
 from __future__ import annotations
 
-from aiflame.raw import RawEvent
+from aiflame.core.raw import RawEvent
 
 RUNTIME = "env"
 MAX_ENVIRON = 1 << 20  # a larger environment is not read (the kernel caps it near this anyway)

@@ -18,23 +18,24 @@ from types import FrameType
 
 from aiflame import __version__
 from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
-from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.gpu_code import launched_cubins
+from aiflame.agent.kernel.records import RecKind
+from aiflame.agent.kernel.sampler import CpuSampler, ProbeRecord, ProcEvent, SamplerConfig
 from aiflame.agent.procmaps import BuildIdCache, read_maps, read_process, stat_fields
 from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.rank_env import rank_event
-from aiflame.agent.records import RecKind
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import Attached, ProbeManager
-from aiflame.agent.sampler import CpuSampler, ProbeRecord, ProcEvent, SamplerConfig
-from aiflame.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawEvent, RawSample
-from aiflame.symbolize.kallsyms import KernelSymbols
+from aiflame.core.capture import FORMAT_VERSION, CaptureWriter
+from aiflame.core.errors import BadInput
+from aiflame.core.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawEvent, RawSample
+from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
 POLL_S = 0.1
 REMAP_MIN_S = 0.5  # re-read a process's maps at most this often when addresses fall outside them
 
 
-class SessionError(Exception):
+class SessionError(BadInput):
     """The capture cannot start; one user-facing line."""
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from aiflame.agent.cli import main
+from aiflame.cli.main import main
 
 sys.exit(main())

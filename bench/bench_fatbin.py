@@ -25,8 +25,8 @@ from pathlib import Path
 
 from common import conditions, save
 
-from aiflame.symbolize.cubin import CubinError, parse_cubin
-from aiflame.symbolize.fatbin import find_fatbins, iter_entries, read_fatbin_file
+from aiflame.symbolize.accel.cubin import CubinError, parse_cubin
+from aiflame.symbolize.accel.fatbin import find_fatbins, iter_entries, read_fatbin_file
 
 GENERATED = r"""
 template <int N>

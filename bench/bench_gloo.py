@@ -40,7 +40,7 @@ def run(mode: str, steps: int, tmp: Path) -> dict[str, float]:
     res = {out_key: 1000 * statistics.median(s for r in recs for s in r[key][SKIP:])
            for key, out_key in (("step_s", "step_ms"), ("step_cpu_s", "step_cpu_ms"))}
     if mode != "none":
-        from aiflame.agent.capture import read_capture
+        from aiflame.core.capture import read_capture
 
         cap = read_capture(out / "profile.aiflame")
         gloo = [e for e in cap.events if e.runtime == "gloo"]

@@ -23,8 +23,8 @@ import time
 
 from common import conditions, save
 
-from aiflame.symbolize.elf import ElfFile, read_build_id
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf import ElfFile, read_build_id
 
 _LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
@@ -69,7 +69,7 @@ def child(
     binary: str, build_id: str | None, cache_dir: str, offsets_file: str, debug_dirs: list[str]
 ) -> None:
     """One measured run in this (fresh) process; prints a JSON line."""
-    from aiflame.model import FrameKind
+    from aiflame.core.model import FrameKind
     from aiflame.symbolize.native import NativeSymbolizer
 
     with open(offsets_file) as f:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from common import conditions, save
 
+from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
+from aiflame.agent.kernel.uprobes import attach_uprobe
 from aiflame.agent.runtimes.base import SP, Deref, ProbeSpec
 from aiflame.agent.runtimes.manager import spec_rec
-from aiflame.agent.sampler import CpuSampler, SamplerConfig
-from aiflame.agent.uprobes import attach_uprobe
-from aiflame.symbolize.elf import ElfFile
+from aiflame.symbolize.objfmt.elf import ElfFile
 
 STACK = True  # the launch probes capture the caller's stack
 N = 50_000  # ~300 bytes per record: 15 MB per loop, inside the 32 MiB ring

@@ -56,7 +56,7 @@ def holds_perf_prog(pid: int) -> bool:
 
 def capture_figures(path: Path) -> dict[str, float]:
     """Agent CPU (% of a core over the capture), sample and loss counts from an aiflame capture."""
-    from aiflame.agent.capture import read_capture
+    from aiflame.core.capture import read_capture
 
     cap = read_capture(path)
     assert cap.footer is not None

@@ -30,7 +30,7 @@ def main() -> None:
         subprocess.run(["pkill", "-f", "bench_work"], check=False)
         if proc.returncode != 0:
             raise SystemExit(proc.stderr)
-        from aiflame.agent.capture import read_capture
+        from aiflame.core.capture import read_capture
 
         cap = read_capture(out / "profile.aiflame")
     assert cap.footer is not None

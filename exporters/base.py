@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from aiflame.model import Frame, FrameKind, Profile, Stack
+from aiflame.core.errors import BadInput
+from aiflame.core.model import Frame, FrameKind, Profile, Stack
 
 __all__ = ["ExportError", "Exporter", "Option", "StackLabeler", "frame_label", "sanitize_label"]
 
 
-class ExportError(ValueError):
+class ExportError(BadInput):
     """A problem the user can fix (bad option, malformed input file); the message is one line."""
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiflame.model import EventKind, Frame, FrameKind, Profile, TraceEvent
+from aiflame.core.model import EventKind, Frame, FrameKind, Profile, TraceEvent
 
 from .base import ExportError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from aiflame.model import SEPARATOR, Frame, FrameKind, Profile, Sample, Stack
+from aiflame.core.model import SEPARATOR, Frame, FrameKind, Profile, Sample, Stack
 
 from .base import Exporter, ExportError, Option, StackLabeler, frame_label
 

@@ -12,7 +12,8 @@ import secrets
 from dataclasses import replace
 from pathlib import Path
 
-from aiflame.model import Frame, FrameKind, Profile, Sample, Stack, TraceEvent
+from aiflame.core.errors import BadInput
+from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack, TraceEvent
 
 KEY_BYTES = 32
 HASH_CHARS = 12  # 48 bits: collisions stay unlikely in any profile's name count
@@ -22,7 +23,7 @@ KEPT_META = frozenset({"frequency_hz"})
 KEPT_FRAMES = frozenset({"[unknown]", "[missing]", "-"})  # placeholders that name nothing
 
 
-class ObfuscateError(ValueError):
+class ObfuscateError(BadInput):
     """The key file cannot be made or used; one line."""
 
 

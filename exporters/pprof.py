@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gzip
 
-from aiflame.model import Frame, FrameKind, Profile
+from aiflame.core.model import Frame, FrameKind, Profile
 
 from . import pprof_pb2 as pb
 from .base import Exporter, frame_label

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiflame.model import Frame, FrameKind, Profile, Sample
+from aiflame.core.model import Frame, FrameKind, Profile, Sample
 
 from .base import Exporter
 

@@ -30,7 +30,7 @@ from html import escape
 from operator import itemgetter
 from pathlib import Path
 
-from aiflame.model import FrameKind, Profile
+from aiflame.core.model import FrameKind, Profile
 
 from .base import Exporter, ExportError, Option, StackLabeler
 

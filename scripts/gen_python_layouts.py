@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate agent/python/layouts_data.json from the DWARF of the CPython shared libraries on this machine.
+"""Regenerate core/python_layouts.json from the DWARF of the CPython shared libraries on this machine.
 
 Usage: gen_python_layouts.py [--out FILE] [LIBPYTHON ...]
 
@@ -25,7 +25,7 @@ from elftools.dwarf.die import DIE
 from elftools.elf.elffile import ELFFile
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "agent" / "python" / "layouts_data.json"
+DEFAULT_OUT = REPO / "core" / "python_layouts.json"
 SUPPORTED = ((3, 10), (3, 11), (3, 12), (3, 13))
 
 # Struct tags and typedef names we need; typedefs of anonymous structs (PyASCIIObject) are found by name.

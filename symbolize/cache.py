@@ -23,7 +23,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 
-from aiflame.model import FrameKind
+from aiflame.core.model import FrameKind
 
 __all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir", "read_json_gz",
            "write_json_gz"]

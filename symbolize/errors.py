@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from aiflame.core.errors import BadInput
 
-class SymbolizeError(Exception):
+
+class SymbolizeError(BadInput):
     """A binary or debug file could not be read; the message is one user-facing line.
 
     Example: ``SymbolizeError("libfoo.so: not an ELF file")``.

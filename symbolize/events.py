@@ -4,9 +4,9 @@ are kernel launches, `<CPU stack> ; - ; <kernel>`."""
 
 from __future__ import annotations
 
-from aiflame.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
-from aiflame.raw import Capture, RawEvent
-from aiflame.symbolize.demangle import demangle, short_name
+from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
+from aiflame.core.raw import Capture, RawEvent
+from aiflame.symbolize.objfmt.demangle import demangle, short_name
 
 _KINDS = {k.value: k for k in EventKind}
 

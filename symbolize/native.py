@@ -16,13 +16,13 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from aiflame.model import Frame, FrameKind
+from aiflame.core.model import Frame, FrameKind
 from aiflame.symbolize.cache import CachedSymbols, Entry, SymbolCache
-from aiflame.symbolize.debugfiles import build_id_path, find_debug_file
-from aiflame.symbolize.demangle import demangle, is_mangled, short_name
-from aiflame.symbolize.dwarf_lines import LineTable
-from aiflame.symbolize.elf import ElfFile, Symbol
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.debugfiles import build_id_path, find_debug_file
+from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
+from aiflame.symbolize.objfmt.dwarf_lines import LineTable
+from aiflame.symbolize.objfmt.elf import ElfFile, Symbol
 
 __all__ = ["UNKNOWN_NAME", "NativeSymbolizer"]
 

@@ -9,12 +9,12 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 
-from aiflame.model import Frame, FrameKind, Profile, Sample, Stack
-from aiflame.raw import Capture, Mapping, ProcessSnapshot, PyCode, RawPyFrame, RawSample
+from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack
+from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, RawPyFrame, RawSample
 from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.python_code import CodeInfo, line_for
-from aiflame.symbolize.python_merge import merge, python_runs
+from aiflame.symbolize.python.code import CodeInfo, line_for
+from aiflame.symbolize.python.merge import merge, python_runs
 
 PY_TSTATE = 2
 PY_TRUNCATED = 4
@@ -235,7 +235,7 @@ class _PythonNames:
     """Names Python frames from the code objects the capture recorded, and merges them with native frames."""
 
     def __init__(self, cap: Capture) -> None:
-        from aiflame.agent.python.layouts import layout_for
+        from aiflame.core.python_layouts import layout_for
 
         self.codes: dict[tuple[int, int], list[PyCode]] = defaultdict(list)
         for c in cap.py_codes:

@@ -1,6 +1,6 @@
 """The AI flame graph: accelerator stall samples attributed to the CPU stacks that launched their kernels.
 
-Each stall sample (aiflame.raw.RawStallSample) becomes a model sample whose stack is
+Each stall sample (aiflame.core.raw.RawStallSample) becomes a model sample whose stack is
 
     <CPU launch stack with Python> ; - ; <kernel>_[G] ; <file:line>_[G] ; <+offset instruction>_[g] ; <reason>_[g]
 
@@ -20,14 +20,14 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from aiflame.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
-from aiflame.raw import Capture, GpuCode
-from aiflame.symbolize.cubin import Cubin, CubinError, parse_cubin
-from aiflame.symbolize.demangle import demangle, short_name
+from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
+from aiflame.core.raw import Capture, GpuCode
+from aiflame.symbolize.accel.cubin import Cubin, CubinError, parse_cubin
+from aiflame.symbolize.accel.fatbin import iter_entries
+from aiflame.symbolize.accel.sass import SassError, disassemble, find_nvdisasm
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.fatbin import iter_entries
-from aiflame.symbolize.sass import SassError, disassemble, find_nvdisasm
-from aiflame.symbolize.xe_eu_stall import map_ips, xe_kernels_from_events
+from aiflame.symbolize.objfmt.demangle import demangle, short_name
+from aiflame.symbolize.vendor.xe_eu_stall import map_ips, xe_kernels_from_events
 
 __all__ = [
     "STALL_UNIT",

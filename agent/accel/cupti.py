@@ -19,8 +19,8 @@ from typing import Protocol
 
 from aiflame.agent.accel.cupti_build import CuptiBuildError, CuptiInstall, build_injection, find_cupti
 from aiflame.agent.accel.xe_eu_stall import XeEuStall, find_xe_devices, start_all
-from aiflame.raw import GpuCode, RawStallSample
-from aiflame.symbolize.cupti_stream import CuptiStream, CuptiStreamError, parse_stream
+from aiflame.core.raw import GpuCode, RawStallSample
+from aiflame.symbolize.vendor.cupti_stream import CuptiStream, CuptiStreamError, parse_stream
 
 __all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti",
            "stalls_from_stream"]

@@ -18,13 +18,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiflame.core.errors import HostError
+
 __all__ = ["CuptiBuildError", "CuptiInstall", "INJECT_SOURCE", "build_injection", "find_cupti", "library_cache_dir"]
 
 INJECT_SOURCE = Path(__file__).resolve().parent / "cupti_inject.c"
 LIB_NAME = "libaiflame_cupti.so"
 
 
-class CuptiBuildError(Exception):
+class CuptiBuildError(HostError):
     """CUPTI is missing or the injection library cannot be built; the message is one user-facing line."""
 
 

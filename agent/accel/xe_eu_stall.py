@@ -31,8 +31,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.raw import RawStallSample
-from aiflame.symbolize.xe_eu_stall import XeLayout, XeStallError, layout_for, parse_records
+from aiflame.core.errors import HostError
+from aiflame.core.raw import RawStallSample
+from aiflame.symbolize.vendor.xe_eu_stall import XeLayout, XeStallError, layout_for, parse_records
 
 __all__ = ["EuStallInfo", "XeDevice", "XeEuStall", "XeEuStallError", "XeGt", "find_xe_devices"]
 
@@ -70,7 +71,7 @@ DRM_XE_EU_STALL_PROP_SAMPLE_RATE = 2
 DRM_XE_EU_STALL_PROP_WAIT_NUM_REPORTS = 3
 
 
-class XeEuStallError(Exception):
+class XeEuStallError(HostError):
     """EU stall sampling cannot run here; the message is one user-facing line."""
 
 

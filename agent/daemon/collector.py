@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiflame import __version__
-from aiflame.agent.bpf_sys import cpu_list
-from aiflame.agent.capture import FORMAT_VERSION, CaptureWriter
 from aiflame.agent.gpu_code import launched_cubins
+from aiflame.agent.kernel.bpf_sys import cpu_list
+from aiflame.agent.kernel.records import RecKind
+from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.procmaps import BuildIdCache
-from aiflame.agent.records import RecKind
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import ProbeManager
-from aiflame.agent.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.session import Session, SessionConfig, _cpu_s, _mono_ns
-from aiflame.raw import CaptureFooter, CaptureHeader, PyRuntimeInfo, RawEvent
+from aiflame.core.capture import FORMAT_VERSION, CaptureWriter
+from aiflame.core.raw import CaptureFooter, CaptureHeader, PyRuntimeInfo, RawEvent
 
 _REGISTRATIONS = ("__cudaRegisterFatBinary", "__cudaRegisterFunction")
 # Probes stay in a library while targets may call it; with no target left for this long they are removed.

@@ -4,17 +4,18 @@ that meets every malformed file with one clear ConfigError line."""
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import tomllib
+from aiflame.core.errors import BadInput
 
 DEFAULT_CONFIG = Path("/etc/aiflame/aiflame.toml")
 
 
-class ConfigError(Exception):
+class ConfigError(BadInput):
     """The configuration file is unreadable or invalid; one user-facing line."""
 
 

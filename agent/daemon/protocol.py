@@ -11,12 +11,14 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiflame.core.errors import BadInput
+
 MAX_MESSAGE = 64 * 1024  # a request is a few hundred bytes; a status reply a few KiB per target
 MAX_PIDS = 1024
 PROTOCOL_VERSION = 1
 
 
-class ProtocolError(Exception):
+class ProtocolError(BadInput):
     """A malformed or refused request, or a broken connection; one line."""
 
 

@@ -49,8 +49,9 @@ from aiflame.agent.daemon.windows import (
     list_stored,
     stamp,
 )
-from aiflame.agent.sampler import SamplerConfig
+from aiflame.agent.kernel.sampler import SamplerConfig
 from aiflame.agent.session import SessionError, _alive, _cpu_s, check_root
+from aiflame.core.errors import HostError
 
 log = logging.getLogger("aiflame.daemon")
 
@@ -63,7 +64,7 @@ MAX_CLIENTS = 8  # control connections served at once
 READ_TIMEOUT_S = 5.0
 
 
-class DaemonError(Exception):
+class DaemonError(HostError):
     """The daemon cannot start; one line."""
 
 

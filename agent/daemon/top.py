@@ -25,9 +25,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from aiflame.agent.capture import CaptureError, read_capture
 from aiflame.agent.daemon.protocol import LatestRequest, ProtocolError, StatusRequest, request
-from aiflame.model import EventKind, FrameKind, Profile
+from aiflame.core.capture import CaptureError, read_capture
+from aiflame.core.model import EventKind, FrameKind, Profile
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import symbolize_capture
 
@@ -151,7 +151,7 @@ def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generat
 
 def _own_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generator[TopView | None]:
     from aiflame.agent.daemon.collector import Collector
-    from aiflame.agent.sampler import SamplerConfig
+    from aiflame.agent.kernel.sampler import SamplerConfig
     from aiflame.agent.session import check_pid, check_root
 
     check_root()

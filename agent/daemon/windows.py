@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiflame.core.errors import BadInput
+
 WINDOW_RE = re.compile(r"^\d{8}T\d{6}Z-\d{6}(-incomplete)?$")
 CAPTURE_RE = re.compile(r"^\d{8}T\d{6}Z-c\d{4,}$")
 PARTIAL_PREFIX = ".partial-"
@@ -23,7 +25,7 @@ DIR_MODE = 0o750
 FILE_UMASK = 0o027  # outputs are readable by root's group at most
 
 
-class OutputError(Exception):
+class OutputError(BadInput):
     """The output directory cannot be used; one line."""
 
 

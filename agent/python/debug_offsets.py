@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from aiflame.agent.python.layouts import PyLayout, PythonLayoutError, layout_for
+from aiflame.core.python_layouts import PyLayout, PythonLayoutError, layout_for
 
 __all__ = [
     "COOKIE",

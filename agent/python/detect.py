@@ -23,10 +23,11 @@ from aiflame.agent.python.debug_offsets import (
     layout_from_debug_offsets,
     parse_debug_offsets,
 )
-from aiflame.agent.python.layouts import PyLayout, PythonLayoutError, layout_for
-from aiflame.symbolize.elf import ElfFile
+from aiflame.core.errors import HostError, InternalError
+from aiflame.core.python_layouts import PyLayout, PythonLayoutError, layout_for
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.python_code import (
+from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.python.code import (
     ProcessMemory,
     ProcessMemoryError,
     PythonObjectError,
@@ -54,7 +55,7 @@ _GLIBC_TID_OFFSET = 720  # glibc 2.36 x86-64; preferred when several offsets fit
 _CHECK_TRIES = 3
 
 
-class PythonUnsupported(Exception):
+class PythonUnsupported(HostError):
     """CPython is in the process but cannot be walked safely (no verified layout, free-threaded, failed
     check). The message is one line, meant to be shown once."""
 
@@ -267,7 +268,7 @@ def _read_version(mem: ProcessMemory, cand: _Candidate, version_addr: int) -> tu
 # --- live check and a reference walker ----------------------------------------------------------------------
 
 
-class _CheckFailed(Exception):
+class _CheckFailed(InternalError):
     pass
 
 

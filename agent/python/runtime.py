@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from aiflame.agent.kernel.records import PyProcRec
 from aiflame.agent.python.detect import PyTarget, PythonUnsupported, detect_python
-from aiflame.agent.python.layouts import PyLayout
-from aiflame.agent.records import PyProcRec
-from aiflame.raw import PyCode, PyRuntimeInfo, RawEvent, RawSample
-from aiflame.symbolize.python_code import CodeResolver
+from aiflame.core.python_layouts import PyLayout
+from aiflame.core.raw import PyCode, PyRuntimeInfo, RawEvent, RawSample
+from aiflame.symbolize.python.code import CodeResolver
 
 log = logging.getLogger(__name__)
 

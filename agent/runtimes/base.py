@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
 from aiflame.agent.procmaps import read_maps
-from aiflame.raw import GpuCode, RawEvent, RawPyFrame
+from aiflame.core.raw import GpuCode, RawEvent, RawPyFrame
 
 V = TypeVar("V")
 

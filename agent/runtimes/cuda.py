@@ -28,8 +28,8 @@ from aiflame.agent.runtimes.base import (
     Runtime,
     drop_pid,
 )
-from aiflame.raw import GpuCode, RawEvent
-from aiflame.symbolize.fatbin import FATBIN_MAGIC, FatbinError, fatbin_size
+from aiflame.core.raw import GpuCode, RawEvent
+from aiflame.symbolize.accel.fatbin import FATBIN_MAGIC, FatbinError, fatbin_size
 
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
 MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}

@@ -41,7 +41,7 @@ from aiflame.agent.runtimes.base import (
     Runtime,
     drop_pid,
 )
-from aiflame.raw import GpuCode, RawEvent
+from aiflame.core.raw import GpuCode, RawEvent
 
 RUNTIME = "gloo"
 U64_MAX = (1 << 64) - 1

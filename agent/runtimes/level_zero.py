@@ -31,7 +31,7 @@ from aiflame.agent.runtimes.base import (
     Runtime,
     drop_pid,
 )
-from aiflame.raw import GpuCode, RawEvent
+from aiflame.core.raw import GpuCode, RawEvent
 
 RUNTIME = "level_zero"
 ZE_RESULT_SUCCESS = 0

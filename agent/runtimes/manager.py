@@ -9,15 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from aiflame.agent.records import MAX_PROBES, ProbeFlag, ProbeSpecRec
+from aiflame.agent.kernel.records import MAX_PROBES, ProbeFlag, ProbeSpecRec
+from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
+from aiflame.agent.kernel.uprobes import UprobeError
 from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, ProcessMemory, Runtime
 from aiflame.agent.runtimes.usdt import usdt_spec
-from aiflame.agent.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
-from aiflame.agent.uprobes import UprobeError
-from aiflame.raw import GpuCode, RawEvent
-from aiflame.symbolize.elf import ElfFile
+from aiflame.core.raw import GpuCode, RawEvent
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.usdt import read_notes
+from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.usdt import read_notes
 
 MAX_PENDING_PER_THREAD = 64  # open calls per thread kept for pairing (deeper nesting is a lost return)
 

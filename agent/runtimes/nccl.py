@@ -38,7 +38,7 @@ from aiflame.agent.runtimes.base import (
     Runtime,
     drop_pid,
 )
-from aiflame.raw import GpuCode, RawEvent
+from aiflame.core.raw import GpuCode, RawEvent
 
 RUNTIME = "nccl"
 DTYPES: dict[int, tuple[str, int]] = {

@@ -5,7 +5,7 @@ the resulting Call. One spec per site: each site has its own locations."""
 from __future__ import annotations
 
 from aiflame.agent.runtimes.base import ARG0, DEREF0, MAX_DEREFS, MAX_REGS, Deref, ProbeSpec, UsdtValue
-from aiflame.symbolize.usdt import UsdtError, UsdtNote
+from aiflame.symbolize.objfmt.usdt import UsdtError, UsdtNote
 
 
 def usdt_spec(note: UsdtNote, call: str, string_arg: int = -1, stack: bool = True) -> ProbeSpec:

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-from aiflame.agent.records import PyProcRec
-from aiflame.agent.sampler import TARGET_ON, TARGET_PY, CpuSampler, ProcEvent, SamplerConfig
-from aiflame.raw import RawSample
+from aiflame.agent.kernel.records import PyProcRec
+from aiflame.agent.kernel.sampler import TARGET_ON, TARGET_PY, CpuSampler, ProcEvent, SamplerConfig
+from aiflame.core.raw import RawSample
 from tests.conftest import REPO
 
 
@@ -93,7 +93,7 @@ def test_maps_round_trip() -> None:
 
 CHILD = """
 import os, sys
-from aiflame.agent.sampler import CpuSampler, SamplerConfig
+from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 before = set(os.listdir("/proc/self/fd"))
 s = CpuSampler(SamplerConfig(probes=True), lambda r: None, lambda r: None, lambda r: None)
 s.start([os.getpid()])

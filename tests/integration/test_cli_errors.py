@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent.cli import main
+from aiflame.cli.main import main
 from tests.conftest import REPO
 from tests.integration.conftest import aiflame
 
@@ -78,8 +78,7 @@ def test_pid_exits_before_attach(tmp_path: Path) -> None:
 
 def test_bpf_compile_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
-    from aiflame.agent import sampler
-
+    from aiflame.agent.kernel import sampler
     # A real compile failure in the compiler process: its diagnostics on stderr, one line from us.
     monkeypatch.setattr(sampler, "program_text", lambda _config: "int broken( {")
     rc = main(["profile", "-q", "-o", str(tmp_path), "--", "true"])

@@ -14,8 +14,8 @@ import pytest
 
 from aiflame.agent.accel.cupti import STREAM_DIR
 from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection
-from aiflame.agent.capture import read_capture
-from aiflame.symbolize.cupti_stream import parse_stream
+from aiflame.core.capture import read_capture
+from aiflame.symbolize.vendor.cupti_stream import parse_stream
 from tests.conftest import PROGRAMS
 from tests.cuda_build import KERNELS_CU, build_cuda, cuda_root
 from tests.integration.conftest import aiflame

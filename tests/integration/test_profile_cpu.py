@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiflame.agent.capture import read_capture
+from aiflame.core.capture import read_capture
 from tests.conftest import REPO
 from tests.integration.conftest import aiflame, read_folded, share
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent.capture import read_capture
-from aiflame.model import FrameKind
+from aiflame.core.capture import read_capture
+from aiflame.core.model import FrameKind
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from tests.conftest import INTERPRETERS, REPO
 from tests.integration.conftest import aiflame

@@ -7,8 +7,8 @@ import ctypes
 import re
 from typing import Any
 
-from aiflame.agent.records import CallRec, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RetRec, SampleRec
-from aiflame.agent.sampler import CpuSampler, SamplerConfig, bpf_source
+from aiflame.agent.kernel.records import CallRec, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RetRec, SampleRec
+from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig, bpf_source
 
 
 def _layout(t: Any) -> list[tuple[str, int, int]]:
@@ -38,7 +38,7 @@ def test_print_bpf_inlines_header_and_defines() -> None:
 
 
 def test_target_flags_agree() -> None:
-    from aiflame.agent.sampler import TARGET_ON, TARGET_PY
+    from aiflame.agent.kernel.sampler import TARGET_ON, TARGET_PY
 
     text = bpf_source(SamplerConfig())
     defines = dict(re.findall(r"^#define (TARGET_\w+) (\d+)", text, re.M))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent.capture import read_capture
-from aiflame.model import EventKind, FrameKind, Profile
+from aiflame.core.capture import read_capture
+from aiflame.core.model import EventKind, FrameKind, Profile
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from tests.cuda_build import KernelPrograms, kernel_programs
 from tests.integration.conftest import aiflame, read_folded
@@ -90,7 +90,7 @@ def test_library_loaded_from_python_with_ctypes(programs: KernelPrograms, tmp_pa
 
 def test_capture_symbolizes_gpu_offsets_offline(programs: KernelPrograms, tmp_path: Path) -> None:
     """The capture keeps the launched kernels' cubins: an offset resolves from it as from the binary."""
-    from aiflame.symbolize.gpu_symbols import inventory, lookup_instruction
+    from aiflame.symbolize.accel.gpu_symbols import inventory, lookup_instruction
 
     aiflame("profile", "-o", str(tmp_path), "-q", "--formats", "folded", "--", str(programs.compressed))
     capture = tmp_path / "profile.aiflame"

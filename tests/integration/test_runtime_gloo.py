@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from aiflame.agent.capture import read_capture
 from aiflame.agent.runtimes.gloo import GlooRuntime
-from aiflame.raw import RawEvent
-from aiflame.symbolize.elf import ElfFile
+from aiflame.core.capture import read_capture
+from aiflame.core.raw import RawEvent
+from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.conftest import REPO
 from tests.integration.conftest import aiflame
 

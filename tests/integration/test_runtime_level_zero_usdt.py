@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent.capture import read_capture
-from aiflame.raw import Capture, RawEvent, RawStallSample
-from aiflame.symbolize.elf import ElfFile
-from aiflame.symbolize.usdt import REGISTERS, read_notes
-from aiflame.symbolize.xe_eu_stall import map_ips, xe_kernels_from_events
+from aiflame.core.capture import read_capture
+from aiflame.core.raw import Capture, RawEvent, RawStallSample
+from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.usdt import REGISTERS, read_notes
+from aiflame.symbolize.vendor.xe_eu_stall import map_ips, xe_kernels_from_events
 from tests.conftest import REPO
 from tests.integration.conftest import aiflame
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent.capture import read_capture
-from aiflame.model import EventKind
-from aiflame.raw import Capture, RawEvent
+from aiflame.core.capture import read_capture
+from aiflame.core.model import EventKind
+from aiflame.core.raw import Capture, RawEvent
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from tests.conftest import REPO
 from tests.integration.conftest import aiflame

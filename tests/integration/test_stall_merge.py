@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aiflame.agent.capture import read_capture, write_capture
-from aiflame.agent.import_cmd import import_records
-from aiflame.agent.summary import print_summary
+from aiflame.cli.import_cmd import import_records
+from aiflame.cli.summary import print_summary
+from aiflame.core.capture import read_capture, write_capture
+from aiflame.core.raw import RawStallSample
 from aiflame.exporters import get_exporter
 from aiflame.exporters import pprof_pb2 as ppb
-from aiflame.raw import RawStallSample
-from aiflame.symbolize.cubin import parse_cubin
-from aiflame.symbolize.sass import disassemble
+from aiflame.symbolize.accel.cubin import parse_cubin
+from aiflame.symbolize.accel.sass import disassemble
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from aiflame.symbolize.stalls import stall_view
 from tests.cuda_build import KernelPrograms, kernel_programs

@@ -60,7 +60,7 @@ def test_top_shows_the_hot_function_and_quits(quit_key: bytes) -> None:
             # the background: top must make Ctrl-C work anyway)
             os.chdir(REPO)
             os.environ.update(COLUMNS="160", LINES="50", TERM="xterm")
-            os.execv(sys.executable, [sys.executable, "-m", "aiflame.agent.cli", "top", "--own", "-p",
+            os.execv(sys.executable, [sys.executable, "-m", "aiflame.cli.main", "top", "--own", "-p",
                                       str(target.pid), "-i", "1"])
         shown = _read_until(fd, r"top_hot_fn", 60)
         assert "hottest stacks" in shown and "top_hot_fn" in shown, shown[-2000:]

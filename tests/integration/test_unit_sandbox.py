@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent.capture import read_capture
+from aiflame.core.capture import read_capture
 from tests.conftest import REPO
 
 UNIT = REPO / "deploy" / "aiflame-agent.service"

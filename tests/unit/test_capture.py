@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.capture import MAGIC, STALL_BATCH, CaptureError, CaptureWriter, read_capture, write_capture
-from aiflame.raw import (
+from aiflame.core.capture import MAGIC, STALL_BATCH, CaptureError, CaptureWriter, read_capture, write_capture
+from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.rank_env import parse_environ
+from aiflame.core.model import EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
 from aiflame.exporters.chakra import (
     DECOMPOSED_TAG,
     P2P_TAG,
@@ -21,7 +22,6 @@ from aiflame.exporters.chakra import (
     encode_rank,
     write_traces,
 )
-from aiflame.model import EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
 from tests.unit.test_chakra_replay import attrs, check_trace, load, pb, replay
 
 MAIN = Frame("train_step", FrameKind.PYTHON, file="train.py", line=3)

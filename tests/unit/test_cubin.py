@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.symbolize.cubin import Cubin, CubinError, parse_cubin
-from aiflame.symbolize.fatbin import iter_entries, read_fatbin_file
+from aiflame.symbolize.accel.cubin import Cubin, CubinError, parse_cubin
+from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
 from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs, nvidia_bin
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from aiflame.agent.accel.cupti import stalls_from_stream
 from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection
-from aiflame.symbolize.cupti_stream import MAGIC, CuptiStreamError, RecordType, parse_stream
+from aiflame.symbolize.vendor.cupti_stream import MAGIC, CuptiStreamError, RecordType, parse_stream
 from tests.conftest import PROGRAMS
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aiflame.agent.daemon.collector import Collector
-from aiflame.agent.sampler import SamplerConfig
+from aiflame.agent.kernel.sampler import SamplerConfig
 
 
 def test_each_warning_is_reported_once() -> None:

@@ -3,10 +3,10 @@ ConfigError line (property-tested on arbitrary documents)."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.symbolize.debugfiles import build_id_path, find_debug_file
-from aiflame.symbolize.demangle import demangle, is_mangled, short_name
-from aiflame.symbolize.dwarf_lines import LineTable
-from aiflame.symbolize.elf import ElfFile, read_build_id
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.debugfiles import build_id_path, find_debug_file
+from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
+from aiflame.symbolize.objfmt.dwarf_lines import LineTable
+from aiflame.symbolize.objfmt.elf import ElfFile, read_build_id
 from tests.unit.elf_builders import (
     Built,
     addr2line,

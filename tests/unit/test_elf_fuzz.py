@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.model import Frame
-from aiflame.symbolize.dwarf_lines import LineTable
-from aiflame.symbolize.elf import ElfFile, read_build_id
+from aiflame.core.model import Frame
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.objfmt.dwarf_lines import LineTable
+from aiflame.symbolize.objfmt.elf import ElfFile, read_build_id
 from tests.unit.elf_builders import Built, get_built
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aiflame.agent.capture import read_capture, write_capture
-from aiflame.model import EventKind, FrameKind
-from aiflame.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, RawEvent, RawPyFrame
+from aiflame.core.capture import read_capture, write_capture
+from aiflame.core.model import EventKind, FrameKind
+from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, RawEvent, RawPyFrame
 from aiflame.symbolize.events import launch_profile, ranks
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from aiflame.core.model import Frame, FrameKind, Profile, Sample
 from aiflame.exporters import REGISTRY, Exporter, ExportError, Option, get_exporter, parse_option_values
 from aiflame.exporters.folded import FoldedExporter
 from aiflame.exporters.speedscope import SpeedscopeExporter
 from aiflame.exporters.svg import SvgExporter
-from aiflame.model import Frame, FrameKind, Profile, Sample
 
 PROFILE = Profile(
     samples=[

@@ -14,8 +14,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.fatbin import (
+from aiflame.symbolize.accel.fatbin import (
     FATBIN_MAGIC,
     FatbinEntry,
     FatbinError,
@@ -25,6 +24,7 @@ from aiflame.symbolize.fatbin import (
     iter_entries,
     read_fatbin_file,
 )
+from aiflame.symbolize.errors import SymbolizeError
 from tests.cuda_build import KernelPrograms, kernel_programs, nvidia_bin
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.model import SEPARATOR, Frame, FrameKind, Profile, Sample, Stack
 from aiflame.exporters.base import ExportError, frame_label, sanitize_label
 from aiflame.exporters.folded import FoldedExporter, parse_folded, with_separator
-from aiflame.model import SEPARATOR, Frame, FrameKind, Profile, Sample, Stack
 
 K = FrameKind
 

@@ -9,14 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent import gpu_symbols_cmd
-from aiflame.symbolize import gpu_symbols as gs
-from aiflame.symbolize import sass as sass_mod
-from aiflame.symbolize.cubin import parse_cubin
-from aiflame.symbolize.demangle import short_name
-from aiflame.symbolize.fatbin import iter_entries, read_fatbin_file
-from aiflame.symbolize.gpu_symbols import GpuSymbolsError, inventory, lookup_instruction, parse_arch, resolve_kernel
-from aiflame.symbolize.sass import disassemble, find_nvdisasm, parse_nvdisasm
+from aiflame.cli import gpu_symbols_cmd
+from aiflame.symbolize.accel import gpu_symbols as gs
+from aiflame.symbolize.accel import sass as sass_mod
+from aiflame.symbolize.accel.cubin import parse_cubin
+from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
+from aiflame.symbolize.accel.gpu_symbols import (
+    GpuSymbolsError,
+    inventory,
+    lookup_instruction,
+    parse_arch,
+    resolve_kernel,
+)
+from aiflame.symbolize.accel.sass import disassemble, find_nvdisasm, parse_nvdisasm
+from aiflame.symbolize.objfmt.demangle import short_name
 from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs, nvidia_bin
 
 SHORT = {"scale", "add", "demo::fill<int>"}

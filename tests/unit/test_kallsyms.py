@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from aiflame.symbolize.kallsyms import KernelSymbols
+from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
 SAMPLE = """\
 ffffffff81000000 T _stext

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.model import Frame, FrameKind
+from aiflame.core.model import Frame, FrameKind
 from aiflame.symbolize import native as native_mod
 from aiflame.symbolize.cache import SymbolCache
-from aiflame.symbolize.elf import ElfFile
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.unit.elf_builders import (
     Built,
     get_built,
@@ -240,7 +240,7 @@ def test_disk_cache_in_a_new_process(built: Built, tmp_path: Path) -> None:
     first = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, offs)
     code = (
         "import sys, json\n"
-        "from aiflame.symbolize.elf import ElfFile\n"
+        "from aiflame.symbolize.objfmt.elf import ElfFile\n"
         "def boom(*a): raise SystemExit('ElfFile.open called')\n"
         "ElfFile.open = classmethod(boom)\n"
         "from aiflame.symbolize.native import NativeSymbolizer\n"

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.model import Profile
 from aiflame.exporters import get_exporter
 from aiflame.exporters.chakra import build_traces, node_types
 from aiflame.exporters.obfuscate import ObfuscateError, Obfuscator, load_key, parse_key
-from aiflame.model import Profile
 from tests.unit.test_chakra import gloo_job
 
 SECRETS = ("train_step", "train.py", "sgemm_kernel", "libblas.so", "trainer_proc", "secret-host", "my_job.py")

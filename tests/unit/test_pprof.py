@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gzip
 
+from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
 from aiflame.exporters import get_exporter
 from aiflame.exporters import pprof_pb2 as pb
-from aiflame.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
 
 MAIN = Frame("main", FrameKind.NATIVE, module="app")
 STEP = Frame("step", FrameKind.PYTHON, module="t.py", file="/w/t.py", line=3)

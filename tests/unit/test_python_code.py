@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.python.layouts import PyLayout, layout_for
-from aiflame.symbolize.python_code import (
+from aiflame.core.python_layouts import PyLayout, layout_for
+from aiflame.symbolize.python.code import (
     CodeInfo,
     CodeResolver,
     ProcessMemory,

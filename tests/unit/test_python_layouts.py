@@ -21,12 +21,12 @@ from aiflame.agent.python.debug_offsets import (
     layout_from_debug_offsets,
     parse_debug_offsets,
 )
-from aiflame.agent.python.layouts import PythonLayoutError, known_versions, layout_for, layout_from_json
-from aiflame.symbolize.elf import ElfFile
+from aiflame.core.python_layouts import PythonLayoutError, known_versions, layout_for, layout_from_json
+from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.conftest import REPO
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-DATA = REPO / "agent" / "python" / "layouts_data.json"
+DATA = REPO / "core" / "python_layouts.json"
 GENERATOR = REPO / "scripts" / "gen_python_layouts.py"
 LIB313 = Path("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0")
 
@@ -81,7 +81,7 @@ def test_generator_reproduces_checked_in_json(tmp_path: Path) -> None:
     checked_in = json.loads(DATA.read_text())
     assert generated, "generator found no libraries"
     for version, entry in generated.items():
-        assert checked_in.get(version) == entry, f"layouts_data.json is stale for {version}: rerun {GENERATOR.name}"
+        assert checked_in.get(version) == entry, f"python_layouts.json is stale for {version}: rerun {GENERATOR.name}"
     if set(generated) == set(checked_in):
         assert out.read_text() == DATA.read_text()
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from aiflame.model import Frame, FrameKind
-from aiflame.raw import RawPyFrame
-from aiflame.symbolize.python_merge import merge, python_runs
+from aiflame.core.model import Frame, FrameKind
+from aiflame.core.raw import RawPyFrame
+from aiflame.symbolize.python.merge import merge, python_runs
 
 
 def n(name: str) -> Frame:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ctypes
 
-from aiflame.agent.records import ProcRec, RecKind, SampleRec
-from aiflame.agent.sampler import ProcEvent, decode_record
-from aiflame.raw import RawPyFrame, RawSample
+from aiflame.agent.kernel.records import ProcRec, RecKind, SampleRec
+from aiflame.agent.kernel.sampler import ProcEvent, decode_record
+from aiflame.core.raw import RawPyFrame, RawSample
 
 
 def test_sample_record() -> None:

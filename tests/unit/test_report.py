@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aiflame.agent.report_cmd import ReportError, comm_totals, imbalance, plot_svg, report_comm
-from aiflame.model import Profile
+from aiflame.cli.report_cmd import ReportError, comm_totals, imbalance, plot_svg, report_comm
+from aiflame.core.model import Profile
 from tests.unit.test_chakra import ev, gloo_job
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.symbolize.rocprof_pc import (
+from aiflame.symbolize.vendor.rocprof_pc import (
     HOST_TRAP_SIZE,
     STOCHASTIC_SIZE,
     CodeObject,

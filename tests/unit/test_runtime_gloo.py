@@ -20,7 +20,7 @@ from aiflame.agent.runtimes.gloo import (
     U64_MAX,
     GlooRuntime,
 )
-from aiflame.raw import GpuCode, RawEvent
+from aiflame.core.raw import GpuCode, RawEvent
 
 PID, TID, WORKER = 40, 40, 41
 CTX = 0x5555_0000_1000

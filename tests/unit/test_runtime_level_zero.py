@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from aiflame.agent.runtimes.base import Call, Library, ProcessMemory
 from aiflame.agent.runtimes.level_zero import SPECS, LevelZeroRuntime, module_kind
-from aiflame.raw import GpuCode, RawEvent
+from aiflame.core.raw import GpuCode, RawEvent
 
 PID, TID = 5151, 5152
 SP = 0x7FFD_0000_1000

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.records import ProbeFlag, ProbeSpecRec
+from aiflame.agent.kernel.records import ProbeFlag, ProbeSpecRec
+from aiflame.agent.kernel.sampler import CallRecord, RetRecord
+from aiflame.agent.kernel.uprobes import UprobeError
 from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, ProcessMemory, Runtime
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
 from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
-from aiflame.agent.sampler import CallRecord, RetRecord
-from aiflame.agent.uprobes import UprobeError
-from aiflame.raw import GpuCode, RawEvent
-from aiflame.symbolize.elf import ElfFile
+from aiflame.core.raw import GpuCode, RawEvent
+from aiflame.symbolize.objfmt.elf import ElfFile
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from aiflame.agent.runtimes.base import Call, Library, ProcessMemory
 from aiflame.agent.runtimes.nccl import COLLECTIVES, SPECS, NcclRuntime
-from aiflame.raw import GpuCode, RawEvent
+from aiflame.core.raw import GpuCode, RawEvent
 
 PID, TID = 4242, 4243
 SP = 0x7FFD_0000_1000

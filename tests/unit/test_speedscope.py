@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.model import Frame, FrameKind, Profile, Sample
 from aiflame.exporters.speedscope import SCHEMA, SpeedscopeExporter
-from aiflame.model import Frame, FrameKind, Profile, Sample
 
 K = FrameKind
 MAIN = Frame("main", K.PYTHON, file="train.py", line=10)

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from aiflame.model import Frame, Profile
-from aiflame.raw import (
+from aiflame.core.model import Frame, Profile
+from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,

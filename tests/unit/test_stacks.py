@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shutil
 
-from aiflame.model import FrameKind
-from aiflame.raw import Capture, CaptureFooter, CaptureHeader, Mapping, ProcessSnapshot, RawSample
+from aiflame.core.model import FrameKind
+from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, Mapping, ProcessSnapshot, RawSample
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
 TRUE = shutil.which("true") or "/bin/true"

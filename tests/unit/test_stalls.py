@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.model import EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
+from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, RawStallSample
 from aiflame.exporters.folded import folded_lines
-from aiflame.model import EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
-from aiflame.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, RawStallSample
-from aiflame.symbolize.cubin import parse_cubin
-from aiflame.symbolize.fatbin import iter_entries, read_fatbin_file
-from aiflame.symbolize.sass import disassemble, find_nvdisasm
+from aiflame.symbolize.accel.cubin import parse_cubin
+from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
+from aiflame.symbolize.accel.sass import disassemble, find_nvdisasm
 from aiflame.symbolize.stalls import (
     STALL_UNIT,
     _diffuse,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from aiflame.agent.summary_events import print_events
-from aiflame.model import EventKind, Frame, Profile, TraceEvent
+from aiflame.cli.summary_events import print_events
+from aiflame.core.model import EventKind, Frame, Profile, TraceEvent
 
 
 def test_tables_total_per_key() -> None:

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.model import SEPARATOR, Frame, FrameKind, Profile, Sample
 from aiflame.exporters.base import ExportError, frame_label
 from aiflame.exporters.svg import FONT_SIZE, FONT_WIDTH, FRAME_HEIGHT, XPAD, SvgExporter
-from aiflame.model import SEPARATOR, Frame, FrameKind, Profile, Sample
 
 K = FrameKind
 NS = "{http://www.w3.org/2000/svg}"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
+from aiflame.core.model import Profile
 from aiflame.exporters.folded import FoldedExporter, parse_folded
 from aiflame.exporters.svg import SvgExporter
-from aiflame.model import Profile
 
 BEFORE = "main;a 50\nmain;b 50\n"
 AFTER = "main;a 150\nmain;b 50\nmain;c 100\n"

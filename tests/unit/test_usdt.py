@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiflame.symbolize.usdt import REGISTERS, UsdtArg, UsdtError, parse_args, parse_notes
+from aiflame.symbolize.objfmt.usdt import REGISTERS, UsdtArg, UsdtError, parse_args, parse_notes
 
 
 def _note(pc: int, base: int, sem: int, provider: bytes, name: bytes, args: bytes, owner: bytes = b"stapsdt",

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.model import EventKind, Frame, FrameKind, Profile, TraceEvent
-from aiflame.raw import Capture, CaptureFooter, CaptureHeader, RawEvent, RawStallSample
+from aiflame.core.model import EventKind, Frame, FrameKind, Profile, TraceEvent
+from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, RawEvent, RawStallSample
 from aiflame.symbolize.stalls import stall_profile
-from aiflame.symbolize.xe_eu_stall import (
+from aiflame.symbolize.vendor.xe_eu_stall import (
     LAYOUTS,
     XeKernel,
     XeStallError,

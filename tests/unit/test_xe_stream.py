@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.accel import xe_eu_stall as xe
-from aiflame.symbolize.xe_eu_stall import LAYOUTS
+from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS
 from tests.conftest import PROGRAMS
 
 

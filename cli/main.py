@@ -13,20 +13,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from aiflame import __version__
-from aiflame.agent import argtypes
 from aiflame.agent.accel.cupti import CuptiOptions
-from aiflame.agent.capture import MAGIC, CaptureError, read_capture
+from aiflame.agent.kernel.sampler import SamplerConfig, SamplerError, bpf_source
 from aiflame.agent.outputs import CHAKRA, FORMATS, View, capture_views, write_views
-from aiflame.agent.report_cmd import ReportError
-from aiflame.agent.sampler import SamplerConfig, SamplerError, bpf_source
 from aiflame.agent.session import Session, SessionConfig, SessionError, SessionStats
+from aiflame.cli import argtypes
+from aiflame.cli.report_cmd import ReportError
+from aiflame.core.capture import MAGIC, CaptureError, read_capture
+from aiflame.core.model import EventKind, Profile
 from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
 from aiflame.exporters.base import ExportError
 from aiflame.exporters.chakra import node_types, write_traces
 from aiflame.exporters.folded import parse_folded
 from aiflame.exporters.obfuscate import ObfuscateError
 from aiflame.exporters.svg import SvgExporter
-from aiflame.model import EventKind, Profile
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.events import launch_profile
 from aiflame.symbolize.native import NativeSymbolizer
@@ -125,13 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "shrank against BEFORE (captures or folded files; totals normalized, see --opt normalize)")
     _add_view_options(r)
 
-    from aiflame.agent import daemon_cmd, gpu_symbols_cmd, import_cmd
-
+    from aiflame.cli import daemon_cmd, gpu_symbols_cmd, import_cmd
     gpu_symbols_cmd.add_parser(sub)
     import_cmd.add_parser(sub)
     daemon_cmd.add_parser(sub)
-    from aiflame.agent import report_cmd
-
+    from aiflame.cli import report_cmd
     report_cmd.add_parser(sub)
     sub.add_parser("doctor", help="check what this host supports and what to fix")
     return parser
@@ -220,7 +218,7 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str], console: Console)
     result.warnings.extend(notes)
     stalls = next((v.profile for v in views if v.prefix == "stalls"), None)
     if not args.quiet:
-        from aiflame.agent.summary import print_summary
+        from aiflame.cli.summary import print_summary
 
         print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s,
                       stalls=stalls)
@@ -304,7 +302,7 @@ def _export_chakra(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from aiflame.agent.report_cmd import report_comm
+    from aiflame.cli.report_cmd import report_comm
 
     if args.threshold < 0 or args.time_threshold < 0 or args.min_time_ms < 0:
         return _fail(console, "thresholds must be >= 0", 2)
@@ -351,19 +349,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "report":
             return cmd_report(args, console)
         if args.cmd in ("agent", "trigger", "status", "top"):
-            from aiflame.agent import daemon_cmd
-
+            from aiflame.cli import daemon_cmd
             return daemon_cmd.run(args)
         if args.cmd == "import":
-            from aiflame.agent import import_cmd
-
+            from aiflame.cli import import_cmd
             return import_cmd.run(args)
         if args.cmd == "gpu-symbols":
-            from aiflame.agent import gpu_symbols_cmd
-
+            from aiflame.cli import gpu_symbols_cmd
             return gpu_symbols_cmd.run(args)
         if args.cmd == "doctor":
-            from aiflame.agent.doctor import doctor
+            from aiflame.cli.doctor import doctor
 
             return doctor(console)
         parser.print_help()

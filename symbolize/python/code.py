@@ -28,7 +28,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiflame.agent.python.layouts import PyLayout
+from aiflame.core.errors import BadInput, TargetGone
+from aiflame.core.python_layouts import PyLayout
 
 __all__ = [
     "CodeInfo",
@@ -49,11 +50,11 @@ _CACHE_LIMIT = 1 << 16
 Reader = Callable[[int, int], bytes]
 
 
-class ProcessMemoryError(Exception):
+class ProcessMemoryError(TargetGone):
     """Memory of a process could not be read (gone, unmapped address, no permission); one line."""
 
 
-class PythonObjectError(Exception):
+class PythonObjectError(BadInput):
     """Bytes read from a process do not make a valid Python object of the expected kind; one line."""
 
 

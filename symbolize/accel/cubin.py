@@ -20,9 +20,9 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from aiflame.symbolize.dwarf_lines import LineHeader, run_line_program, uleb
-from aiflame.symbolize.elf import Section, _extended_counts, _parse_header, _read_sections, _Reader
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.dwarf_lines import LineHeader, run_line_program, uleb
+from aiflame.symbolize.objfmt.elf import Section, _extended_counts, _parse_header, _read_sections, _Reader
 
 __all__ = ["EM_CUDA", "Cubin", "CubinError", "CubinLines", "Kernel", "LineRange", "parse_cubin"]
 

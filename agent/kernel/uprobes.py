@@ -8,12 +8,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiflame.agent.bpf_sys import PerfEventAttr, link_perf_event, perf_event_open
+from aiflame.agent.kernel.bpf_sys import PerfEventAttr, link_perf_event, perf_event_open
+from aiflame.core.errors import HostError
 
 UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
 
 
-class UprobeError(Exception):
+class UprobeError(HostError):
     """A uprobe could not be attached; one line."""
 
 

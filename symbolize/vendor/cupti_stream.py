@@ -17,6 +17,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from aiflame.core.errors import BadInput
+
 __all__ = ["MAGIC", "VERSION", "CubinRecord", "CuptiStream", "CuptiStreamError", "PcBatch", "PcRecord",
            "RecordType", "StreamError", "parse_stream"]
 
@@ -37,7 +39,7 @@ class RecordType:
     END = 8
 
 
-class CuptiStreamError(Exception):
+class CuptiStreamError(BadInput):
     """The file is not a readable CUPTI stream; the message is one user-facing line."""
 
 
@@ -101,7 +103,7 @@ class CuptiStream:
     problems: list[str] = field(default_factory=list)  # records skipped, with why
 
 
-class _Short(Exception):
+class _Short(BadInput):
     pass
 
 

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from aiflame.raw import RawEvent, RawStallSample
+from aiflame.core.raw import RawEvent, RawStallSample
 from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = [

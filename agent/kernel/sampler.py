@@ -10,15 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiflame.agent import bpf_object
-from aiflame.agent.bpf_object import BpfLoadError, BpfObject
-from aiflame.agent.bpf_sys import (
+from aiflame.agent.kernel import bpf_object
+from aiflame.agent.kernel.bpf_object import BpfLoadError, BpfObject
+from aiflame.agent.kernel.bpf_sys import (
     PERF_COUNT_HW_CPU_CYCLES,
     PERF_COUNT_SW_CPU_CLOCK,
     PERF_TYPE_HARDWARE,
     PERF_TYPE_SOFTWARE,
 )
-from aiflame.agent.records import (
+from aiflame.agent.kernel.records import (
     CallRec,
     Counter,
     OpenRec,
@@ -29,16 +29,17 @@ from aiflame.agent.records import (
     RetRec,
     SampleRec,
 )
-from aiflame.agent.ringbuf import RingBuffer
-from aiflame.agent.uprobes import Uprobe, attach_uprobe
-from aiflame.raw import RawPyFrame, RawSample
+from aiflame.agent.kernel.ringbuf import RingBuffer
+from aiflame.agent.kernel.uprobes import Uprobe, attach_uprobe
+from aiflame.core.errors import HostError
+from aiflame.core.raw import RawPyFrame, RawSample
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
 PROBES_SOURCE = BPF_DIR / "runtime_probes.bpf.c"
 
 
-class SamplerError(Exception):
+class SamplerError(HostError):
     """BPF could not be loaded or attached; one user-facing line."""
 
 

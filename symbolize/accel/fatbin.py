@@ -24,8 +24,8 @@ from typing import Literal
 import lz4.block
 import zstandard
 
-from aiflame.symbolize.elf import ElfFile
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf import ElfFile
 
 __all__ = [
     "FATBIN_MAGIC",

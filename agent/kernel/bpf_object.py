@@ -12,8 +12,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.agent import bpf_sys
-from aiflame.agent.bpf_sys import PerfEventAttr
+from aiflame.agent.kernel import bpf_sys
+from aiflame.agent.kernel.bpf_sys import PerfEventAttr
+from aiflame.core.errors import HostError
 
 COMPILER = Path(__file__).with_name("bpf_compile.py")
 BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH = 5, 6, 10
@@ -21,7 +22,7 @@ _PERCPU = {BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU
 COMPILE_TIMEOUT_S = 300
 
 
-class BpfLoadError(Exception):
+class BpfLoadError(HostError):
     """The program did not compile or load; one line (the compiler's diagnostics went to stderr)."""
 
 

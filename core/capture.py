@@ -13,8 +13,9 @@ from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
-from aiflame.agent import aiflame_capture_pb2 as pb
-from aiflame.raw import (
+from aiflame.core import aiflame_capture_pb2 as pb
+from aiflame.core.errors import BadInput
+from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
@@ -34,7 +35,7 @@ FORMAT_VERSION = 1
 MAX_RECORD = 64 << 20  # no single record is near this; larger means a corrupt length
 
 
-class CaptureError(Exception):
+class CaptureError(BadInput):
     """A capture file cannot be read or written; the message is one user-facing line."""
 
 

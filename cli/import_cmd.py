@@ -15,12 +15,13 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from aiflame.agent.capture import CaptureError, read_capture, write_capture
-from aiflame.raw import Capture, CaptureFooter, GpuCode, RawStallSample
+from aiflame.core.capture import CaptureError, read_capture, write_capture
+from aiflame.core.errors import BadInput
+from aiflame.core.raw import Capture, CaptureFooter, GpuCode, RawStallSample
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.rocprof_pc import CodeObject, code_object_from_elf
-from aiflame.symbolize.rocprof_pc import parse_file as parse_rocprof_file
-from aiflame.symbolize.xe_eu_stall import LAYOUTS, parse_records
+from aiflame.symbolize.vendor.rocprof_pc import CodeObject, code_object_from_elf
+from aiflame.symbolize.vendor.rocprof_pc import parse_file as parse_rocprof_file
+from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS, parse_records
 
 __all__ = ["ImportRecordsError", "add_parser", "import_records", "run"]
 
@@ -32,7 +33,7 @@ EXAMPLES = """examples:
 """
 
 
-class ImportRecordsError(Exception):
+class ImportRecordsError(BadInput):
     """Records cannot be imported as asked; the message is one line."""
 
 

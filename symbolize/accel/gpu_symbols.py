@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.symbolize.cubin import Cubin, CubinError, Kernel, parse_cubin
-from aiflame.symbolize.demangle import demangle, short_name
+from aiflame.symbolize.accel.cubin import Cubin, CubinError, Kernel, parse_cubin
+from aiflame.symbolize.accel.fatbin import FatbinEntry, iter_entries, read_fatbin_file
+from aiflame.symbolize.accel.sass import SassError, disassemble, find_nvdisasm
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.fatbin import FatbinEntry, iter_entries, read_fatbin_file
-from aiflame.symbolize.sass import SassError, disassemble, find_nvdisasm
+from aiflame.symbolize.objfmt.demangle import demangle, short_name
 
 __all__ = [
     "CubinInfo",
@@ -137,7 +137,7 @@ class _Source:
 
 
 def _is_capture(path: str | os.PathLike[str]) -> bool:
-    from aiflame.agent.capture import MAGIC  # the capture format belongs to the agent
+    from aiflame.core.capture import MAGIC  # the capture format belongs to the agent
 
     try:
         with open(path, "rb") as f:
@@ -148,7 +148,7 @@ def _is_capture(path: str | os.PathLike[str]) -> bool:
 
 def _capture_entries(path: str | os.PathLike[str]) -> list[FatbinEntry]:
     """The cubins an aiflame capture stored (and those inside fatbins it copied from memory), numbered in order."""
-    from aiflame.agent.capture import CaptureError, read_capture
+    from aiflame.core.capture import CaptureError, read_capture
 
     label = os.fsdecode(path)
     try:

@@ -1,6 +1,6 @@
 """Raw (unsymbolized) records as the collectors produce them and the capture file stores them.
 
-Symbolization turns these into aiflame.model types. Addresses are runtime virtual addresses; stacks are
+Symbolization turns these into aiflame.core.model types. Addresses are runtime virtual addresses; stacks are
 leaf first, as the kernel hands them over. This module imports nothing else from aiflame.
 """
 
@@ -97,7 +97,7 @@ class PyRuntimeInfo:
 class RawEvent:
     """One runtime call seen by a uprobe (a launch, copy, sync, collective...), arguments already named.
 
-    `kind` is an aiflame.model.EventKind value, or "meta" for calls that only inform others (registrations,
+    `kind` is an aiflame.core.model.EventKind value, or "meta" for calls that only inform others (registrations,
     communicator creation). `args` may hold "func" (a host address naming a kernel, symbolized at export),
     "rank" and "world_size" (the process's place in a job). Stacks are leaf first, like samples.
     """

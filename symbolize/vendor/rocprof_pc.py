@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.raw import RawStallSample
+from aiflame.core.raw import RawStallSample
 from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = [

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aiflame.model import EventKind, FrameKind, Profile, Stack, TraceEvent
+from aiflame.core.model import EventKind, FrameKind, Profile, Stack, TraceEvent
 
 _SKIP = (FrameKind.PROCESS, FrameKind.SEPARATOR)
 

@@ -14,8 +14,8 @@ import re
 import struct
 from dataclasses import dataclass
 
-from aiflame.symbolize.elf import ElfFile
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf import ElfFile
 
 __all__ = ["REGISTERS", "UsdtArg", "UsdtError", "UsdtNote", "parse_args", "parse_notes", "read_notes"]
 

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypeVar
 
-from aiflame.symbolize.elf import ElfFile, Section
+from aiflame.core.errors import BadInput
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf import ElfFile, Section
 
 __all__ = ["LineTable"]
 
@@ -87,7 +88,7 @@ _DIE_CHUNK = 4096
 T = TypeVar("T")
 
 
-class _Malformed(ValueError):
+class _Malformed(BadInput):
     """Inconsistent DWARF; handled like the IndexError/struct.error a truncated read produces."""
 
 

@@ -16,13 +16,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aiflame.agent.summary_events import Totals, event_totals, human_bytes
-from aiflame.model import EventKind, Profile
+from aiflame.cli.summary_events import Totals, event_totals, human_bytes
+from aiflame.core.errors import BadInput
+from aiflame.core.model import EventKind, Profile
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#bab0ac")
 
 
-class ReportError(ValueError):
+class ReportError(BadInput):
     """A report cannot be made from this input; one line."""
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from aiflame.model import Frame
-from aiflame.raw import RawPyFrame
+from aiflame.core.model import Frame
+from aiflame.core.raw import RawPyFrame
 
 EVAL_NAMES = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.cold", "_PyEval_EvalFrame",
                         "PyEval_EvalFrameEx"})

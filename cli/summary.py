@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aiflame.model import FrameKind, Profile
+from aiflame.core.model import FrameKind, Profile
 
 _SKIP_KINDS = (FrameKind.PROCESS, FrameKind.SEPARATOR)
 
@@ -72,11 +72,11 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     if py:
         console.print(py)
     if prof.events:
-        from aiflame.agent.summary_events import print_events
+        from aiflame.cli.summary_events import print_events
 
         print_events(console, prof, top=top)
     if stalls is not None and (stalls.samples or stalls.counters):
-        from aiflame.agent.summary_events import print_stalls
+        from aiflame.cli.summary_events import print_stalls
 
         print_stalls(console, stalls, top=top)
     if c.get("calls") or c.get("call_lost"):

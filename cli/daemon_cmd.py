@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aiflame.agent import argtypes
 from aiflame.agent.daemon.config import ConfigError, ControlConfig
 from aiflame.agent.daemon.protocol import (
     ProtocolError,
@@ -22,6 +21,7 @@ from aiflame.agent.daemon.protocol import (
     TriggerRequest,
     request,
 )
+from aiflame.cli import argtypes
 
 __all__ = ["add_parser", "run", "COMMANDS"]
 
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 def _agent(args: argparse.Namespace) -> int:
     from aiflame.agent.daemon.config import load_config
     from aiflame.agent.daemon.server import DaemonError, run_daemon
-    from aiflame.agent.sampler import SamplerError
+    from aiflame.agent.kernel.sampler import SamplerError
 
     if args.check:
         cfg = load_config(args.config)
@@ -187,7 +187,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """These four commands alone (`python -m aiflame.agent.daemon_cmd agent ...`), as `aiflame` runs them."""
+    """These four commands alone (`python -m aiflame.cli.daemon_cmd agent ...`), as `aiflame` runs them."""
     import sys
 
     parser = argparse.ArgumentParser(prog="aiflame")

@@ -1,6 +1,6 @@
 """CPython struct layouts, as data: the offsets an out-of-process stack walker needs, per minor version.
 
-The table lives in layouts_data.json, generated from the DWARF of real builds by scripts/gen_python_layouts.py
+The table lives in python_layouts.json, generated from the DWARF of real builds by scripts/gen_python_layouts.py
 (x86-64, glibc, default non-free-threaded builds). A version absent from the table has no verified layout:
 `layout_for` returns None and callers must refuse to walk rather than guess. On 3.13+ the interpreter also
 describes itself through `_Py_DebugOffsets` (debug_offsets.py), which detection prefers when present.
@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiflame.core.errors import BadInput
+
 __all__ = ["PyLayout", "PythonLayoutError", "known_versions", "layout_for", "layout_from_json"]
 
-_DATA = Path(__file__).with_name("layouts_data.json")
+_DATA = Path(__file__).with_name("python_layouts.json")
 
 
-class PythonLayoutError(Exception):
+class PythonLayoutError(BadInput):
     """Layout data (the JSON table or a process's `_Py_DebugOffsets`) is malformed; one user-facing line."""
 
 

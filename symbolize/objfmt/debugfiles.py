@@ -7,8 +7,8 @@ import os
 import zlib
 from collections.abc import Sequence
 
-from aiflame.symbolize.elf import read_build_id
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf import read_build_id
 
 __all__ = ["build_id_path", "find_debug_file"]
 

@@ -11,8 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.gpu_symbols import (
+from aiflame.symbolize.accel.gpu_symbols import (
     GpuSymbolsError,
     Instruction,
     Inventory,
@@ -20,6 +19,7 @@ from aiflame.symbolize.gpu_symbols import (
     lookup_instruction,
     parse_arch,
 )
+from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = ["add_parser", "run"]
 
