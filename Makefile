@@ -19,8 +19,9 @@ demo: setup examples ## profile a 2-rank gloo DDP training job: flame graph, Cha
 	$(PY) -m aiflame report comm out/demo/profile.aiflame --plot out/demo/comm.svg
 	@echo "open out/demo/profile.svg and out/demo/comm.svg in a browser; Chakra traces: out/demo/profile.<rank>.et"
 
-lint: setup ## ruff and mypy
-	$(PY) -m ruff check aiflame agent symbolize exporters tests bench scripts
+lint: setup ## ruff, mypy and the layer contracts (lint-imports, see pyproject.toml)
+	$(PY) -m ruff check aiflame core cli agent symbolize exporters tests bench scripts
+	$(VENV)/bin/lint-imports
 	$(PY) -m mypy -p aiflame
 	$(PY) -m mypy tests bench scripts
 
