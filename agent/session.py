@@ -285,6 +285,7 @@ class Session:
             FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(),
             cfg.sampler.frequency, sampler.event_used, time.time_ns(), _mono_ns(), cfg.argv or sys.argv,
             " ".join(cfg.command) if cfg.command else f"pid {cfg.pid}",
+            {"sampling": cfg.sampler.describe(sampler.event_used)},
         )
         writer = CaptureWriter(path, header)
         self._writer = writer

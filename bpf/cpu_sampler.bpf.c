@@ -7,6 +7,8 @@
  *   AIFLAME_MAX_TARGETS    capacity of the target map
  *   AIFLAME_FOLLOW         follow forks of targets (profile -- CMD)
  *   AIFLAME_ALL            sample every process (no target filter)
+ *   AIFLAME_KEEP_ONE_IN    the perf event fires this many times per kept sample; each firing is kept with
+ *                          probability 1/N, so sampling does not run in lockstep with periodic work
  *
  * With runtime probes on, agent/sampler.py appends bpf/runtime_probes.bpf.c to this file (one program text:
  * BCC rewrites map calls and tracepoint arguments only in its main source), so the probes share the target
@@ -187,6 +189,10 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
 }
 
 int on_sample(struct bpf_perf_event_data *ctx) {
+#if AIFLAME_KEEP_ONE_IN > 1
+    if (bpf_get_prandom_u32() % AIFLAME_KEEP_ONE_IN != 0)
+        return 0;
+#endif
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     u32 target = target_flags(tgid);

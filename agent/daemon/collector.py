@@ -141,7 +141,8 @@ class Collector(Session):
         header = CaptureHeader(
             FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(),
             self.cfg.sampler.frequency, self.sampler.event_used, time.time_ns(), _mono_ns(), list(sys.argv),
-            target or self.label, {"aiflame.mode": self.label},
+            target or self.label,
+            {"aiflame.mode": self.label, "sampling": self.cfg.sampler.describe(self.sampler.event_used)},
         )
         writer = CaptureWriter(path, header)
         self._writer = writer

@@ -43,6 +43,15 @@ class SamplerError(HostError):
     """BPF could not be loaded or attached; one user-facing line."""
 
 
+MAX_EVENT_HZ = 2000  # per CPU: above this the early exits alone cost more than they are worth
+MAX_THINNING = 8
+
+
+def oversample_for(frequency: int) -> int:
+    """How many perf firings per kept sample at `frequency` Hz: as many as fit under MAX_EVENT_HZ, at most 8."""
+    return max(1, min(MAX_THINNING, MAX_EVENT_HZ // max(frequency, 1)))
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     frequency: int = 99
@@ -52,12 +61,33 @@ class SamplerConfig:
     ringbuf_pages: int = 2048  # 8 MiB: ~4000 samples of slack between drains
     max_targets: int = 16384
     probes: bool = False  # build the runtime probes (uprobes on CUDA, NCCL, gloo, Level Zero calls)
+    # The perf event fires `keep_one_in` times as often as asked and BPF keeps each firing with probability
+    # 1/keep_one_in, so samples land on a fine grid at random, not in lockstep with a periodic workload;
+    # 0 chooses (oversample_for). bench/split_bias.py measures the bias this removes.
+    keep_one_in: int = 0
+
+    @property
+    def thinning(self) -> int:
+        return self.keep_one_in or oversample_for(self.frequency)
+
+    @property
+    def event_frequency(self) -> int:
+        """The rate the perf event fires at; the mean rate of kept samples is `frequency`."""
+        return self.frequency * self.thinning
+
+    def describe(self, event: str) -> str:
+        """How samples were taken, for the capture header (meta "sampling")."""
+        if self.thinning == 1:
+            return f"{event} at {self.frequency} Hz per CPU"
+        return (f"{event} at {self.event_frequency} Hz per CPU, each firing kept with probability "
+                f"1/{self.thinning} (mean {self.frequency} Hz)")
 
     def cflags(self) -> list[str]:
         flags = [
             f"-I{BPF_DIR}",
             f"-DAIFLAME_RINGBUF_PAGES={self.ringbuf_pages}",
             f"-DAIFLAME_MAX_TARGETS={self.max_targets}",
+            f"-DAIFLAME_KEEP_ONE_IN={self.thinning}",
         ]
         if self.follow_children:
             flags.append("-DAIFLAME_FOLLOW")
@@ -254,7 +284,7 @@ class CpuSampler:
         errors = []
         for name, ev_type, ev_config in choices[self.config.event]:
             try:
-                self._obj.attach_perf_event("on_sample", ev_type, ev_config, self.config.frequency)
+                self._obj.attach_perf_event("on_sample", ev_type, ev_config, self.config.event_frequency)
                 self.event_used = name
                 break
             except OSError as e:
