@@ -19,26 +19,26 @@ USED = {"f60": 0.0, "f30": 0.0, "f10": 0.0}
 LOCK = threading.Lock()
 
 
-def burn(until):
+def burn(until: float) -> int:
     x = 0
     while CLOCK() < until:
         x += 1
     return x
 
 
-def f60(q):
+def f60(q: float) -> int:
     return burn(CLOCK() + 0.6 * q)
 
 
-def f30(q):
+def f30(q: float) -> int:
     return burn(CLOCK() + 0.3 * q)
 
 
-def f10(q):
+def f10(q: float) -> int:
     return burn(CLOCK() + 0.1 * q)
 
 
-def loop(end, q):
+def loop(end: float, q: float) -> None:
     used = dict.fromkeys(USED, 0.0)
     while time.monotonic() < end:
         for f in (f60, f30, f10):
@@ -50,7 +50,7 @@ def loop(end, q):
             USED[k] += v
 
 
-def main():
+def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
     q = (float(sys.argv[2]) if len(sys.argv) > 2 else 20.0) / 1000.0
     end = time.monotonic() + seconds
