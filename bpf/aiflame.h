@@ -31,7 +31,8 @@ enum aiflame_counter {
     CNT_PY_READ_ERR = 7,  /* a Python frame could not be read (page not resident, torn state) */
     CNT_CALL_LOST = 8,    /* runtime call or return records dropped: ring buffer full */
     CNT_OPEN_LOST = 9,    /* library-open records dropped (the target was not stopped) */
-    CNT_MAX = 10,
+    CNT_UW_TAILCALL_FAIL = 10, /* a CFI walk could not tail-call on (its prog array empty): frame pointers used */
+    CNT_MAX = 11,
 };
 
 /* values of the targets map (agent/sampler.py mirrors them) */
@@ -85,6 +86,8 @@ struct sample_rec {
     char comm[AIFLAME_COMM_LEN];
     __u32 py_count;    /* Python frames in data[] */
     __u32 py_flags;    /* PY_* */
+    __u32 unwind;      /* how the user stack was walked: UW_STOP_* | UW_USED_FP (bpf/unwind.h); 0: frame pointers */
+    __u32 pad;
     __u64 data[AIFLAME_SAMPLE_WORDS];
 };
 

@@ -17,6 +17,7 @@
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 #include "aiflame.h"
+#include "unwind.h"
 
 BPF_HASH(targets, u32, u32, AIFLAME_MAX_TARGETS);
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
@@ -118,6 +119,201 @@ static __always_inline u64 find_tstate(struct py_proc *pp, u32 tid) {
     return 0;
 }
 
+/* .eh_frame unwinding (bpf/unwind.h says how the tables are laid out). The row pool is mmapped by the agent,
+ * which writes a file's rows in one copy. */
+BPF_F_TABLE("array", u32, u64, unwind_rows, AIFLAME_UNWIND_ROWS, BPF_F_MMAPABLE);
+BPF_ARRAY(unwind_rules, struct unwind_rule, AIFLAME_UNWIND_RULES);
+BPF_F_TABLE("hash", u32, struct unwind_proc, unwind_procs, AIFLAME_UNWIND_PROCS, BPF_F_NO_PREALLOC);
+BPF_ARRAY(layout_unwind_proc, struct unwind_proc, 1);
+BPF_ARRAY(layout_unwind_rule, struct unwind_rule, 1);
+
+#define AIFLAME_MAX_FRAME_BYTES (8u << 20)
+
+/* Where a user walk stands between tail calls (per CPU, like the sample it fills). */
+struct uw_state {
+    u64 pc;
+    u64 sp;
+    u64 bp;
+    u32 n;      /* frames written to the sample so far */
+    u32 why;    /* UW_STOP_* once done, | UW_USED_FP */
+    u32 calls;  /* tail calls of uw_step so far */
+    /* binary-search bounds: kept in the map value, not in registers, so the verifier sees them as unknown
+     * scalars and the states of both branches of each step prune into one (linear, not exponential, cost) */
+    u32 lo;
+    u32 hi;
+    u32 pad;
+};
+BPF_PERCPU_ARRAY(uw_scratch, struct uw_state, 1);
+
+static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, struct uw_state *st, u64 pc) {
+    st->lo = 0;
+    st->hi = p->n;
+    for (int i = 0; i < AIFLAME_MAP_STEPS; i++) {
+        u32 lo = st->lo, hi = st->hi;
+        if (lo >= hi)
+            break;
+        u32 mid = (lo + hi) / 2;
+        if (p->m[mid & (AIFLAME_UNWIND_MAPS - 1)].start <= pc)
+            st->lo = mid + 1;
+        else
+            st->hi = mid;
+    }
+    u32 lo = st->lo;
+    if (lo == 0 || lo > AIFLAME_UNWIND_MAPS)
+        return NULL;
+    struct unwind_map *m = &p->m[(lo - 1) & (AIFLAME_UNWIND_MAPS - 1)];
+    return pc < m->end ? m : NULL;
+}
+
+/* The rule index of the last row at or below `addr` among rows [first, first + n); 0 (not covered) if none. */
+static __always_inline u32 uw_find_rule(struct uw_state *st, u32 first, u32 n, u32 addr) {
+    st->lo = 0;
+    st->hi = n;
+    for (int i = 0; i < AIFLAME_ROW_STEPS; i++) {
+        u32 lo = st->lo, hi = st->hi;
+        if (lo >= hi)
+            break;
+        u32 mid = lo + (hi - lo) / 2;
+        u32 idx = first + mid;
+        u64 *row = unwind_rows.lookup(&idx);
+        if (!row)
+            return 0;
+        if ((u32)*row <= addr)
+            st->lo = mid + 1;
+        else
+            st->hi = mid;
+    }
+    u32 lo = st->lo;
+    if (lo == 0)
+        return 0;
+    u32 idx = first + lo - 1;
+    u64 *row = unwind_rows.lookup(&idx);
+    return row ? (u32)(*row >> 32) & 0xffff : 0;
+}
+
+/* The sample path as tail calls: on_sample -> uw_step (AIFLAME_UW_FRAMES frames each, as often as needed)
+ * -> sample_finish. The agent fills this array with the two programs' descriptors. */
+#define UW_PROG_STEP 0
+#define UW_PROG_FINISH 1
+BPF_PROG_ARRAY(uw_progs, 2);
+#ifndef AIFLAME_UW_FRAMES
+#define AIFLAME_UW_FRAMES 6
+#endif
+
+/* Walk up to AIFLAME_UW_FRAMES frames of the user stack from st into data[st->n...]: CFI rows where the mapping
+ * has a table, frame pointers where it has none or the rule cannot be followed. Returns 1 when the walk is
+ * over (st->why says why). */
+static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct uw_state *st) {
+    u64 pc = st->pc, sp = st->sp, bp = st->bp;
+    u32 n = st->n;
+    int done = 0;
+    for (int j = 0; j < AIFLAME_UW_FRAMES; j++) {
+        if (n >= AIFLAME_MAX_STACK) {
+            st->why |= UW_STOP_DEPTH;
+            done = 1;
+            break;
+        }
+        u64 idx = n;
+        asm volatile("%0 &= 127" : "+r"(idx));  /* n < AIFLAME_MAX_STACK here; the mask shows it to the verifier */
+        data[idx] = pc;
+        n++;
+        /* a caller's pc is a return address, which may be the first byte of the next function: look up pc - 1 */
+        u64 look = n > 1 ? pc - 1 : pc;
+        struct unwind_map *m = uw_find_map(p, st, look);
+        u32 fail = UW_STOP_NO_MAPPING;
+        u32 cfa_type = CFA_NONE;
+        struct unwind_rule *r = NULL;
+        if (m) {
+            fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED : UW_STOP_FP_END;
+            if (m->nrows) {
+                u64 addr = look - m->bias;
+                u32 rule = addr >> 32 ? 0 : uw_find_rule(st, m->first_row, m->nrows, (u32)addr);
+                fail = UW_STOP_NOT_COVERED;
+                if (rule) {
+                    r = unwind_rules.lookup(&rule);
+                    if (r) {
+                        cfa_type = r->cfa_type;
+                        if (cfa_type == CFA_INVALID)
+                            fail = UW_STOP_UNSUPPORTED;
+                    }
+                }
+            }
+        }
+        if (cfa_type == CFA_END) {
+            st->why |= UW_STOP_END;
+            done = 1;
+            break;
+        }
+        u64 cfa = 0;
+        if (r && cfa_type == CFA_RSP)
+            cfa = sp + r->cfa_off;
+        else if (r && cfa_type == CFA_RBP)
+            cfa = bp + r->cfa_off;
+        else if (cfa_type == CFA_PLT)
+            cfa = sp + 8 + ((pc & 15) >= 11 ? 8 : 0);
+        else if (cfa_type == CFA_PLT10)
+            cfa = sp + 8 + ((pc & 15) >= 10 ? 8 : 0);
+        else if (r && cfa_type == CFA_DEREF_RBP) {
+            if (bpf_probe_read_user(&cfa, 8, (void *)(bp + r->cfa_off)) != 0) {
+                st->why |= UW_STOP_READ_FAULT;
+                done = 1;
+                break;
+            }
+        } else if (cfa_type == CFA_SIGNAL) {
+            /* __restore_rt: sp points at the ucontext; uc_mcontext.gregs at +40 hold rbp [10], rsp [15], rip [16] */
+            u64 regs[7];
+            if (bpf_probe_read_user(regs, sizeof(regs), (void *)(sp + 40 + 10 * 8)) != 0) {
+                st->why |= UW_STOP_READ_FAULT;
+                done = 1;
+                break;
+            }
+            bp = regs[0];
+            sp = regs[5];
+            pc = regs[6];
+            if (!pc) {
+                st->why |= UW_STOP_END;
+                done = 1;
+                break;
+            }
+            continue;
+        }
+        if (cfa) {
+            u64 ra = 0;
+            if (bpf_probe_read_user(&ra, 8, (void *)(cfa - 8)) != 0 ||
+                (r && r->rbp_type == RBP_AT_CFA && bpf_probe_read_user(&bp, 8, (void *)(cfa + r->rbp_off)) != 0)) {
+                st->why |= UW_STOP_READ_FAULT;
+                done = 1;
+                break;
+            }
+            sp = cfa;
+            pc = ra;
+        } else {
+            /* frame pointers: [bp] = the caller's bp, [bp + 8] = the return address */
+            u64 frame[2];
+            if (bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
+                bpf_probe_read_user(frame, 16, (void *)bp) != 0) {
+                st->why |= fail;
+                done = 1;
+                break;
+            }
+            st->why |= UW_USED_FP;
+            sp = bp + 16;
+            bp = frame[0];
+            pc = frame[1];
+        }
+        if (!pc) {
+            st->why |= UW_STOP_END;
+            done = 1;
+            break;
+        }
+    }
+    st->pc = pc;
+    st->sp = sp;
+    st->bp = bp;
+    st->n = n;
+    return done;
+}
+
 /* Walk the thread's Python frames, newest first, into data[base...]. Every frame is kept; user space drops
  * shims. Shared by the sampler and the runtime probes (whose launch stacks get Python frames too). */
 static __always_inline void put_word(u64 *data, u32 idx, u64 v) {
@@ -188,6 +384,31 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
     *py_flags = flags;
 }
 
+/* After the user stack: the kernel stack, the Python frames, and the record out to the ring buffer. */
+static __always_inline int finish_sample(struct bpf_perf_event_data *ctx, struct sample_rec *rec, u32 target) {
+    if (rec->user_len < 0)
+        count(CNT_USTACK_ERR);
+    u32 nu = rec->user_len > 0 ? (u32)rec->user_len / 8 : 0;
+    if (nu > AIFLAME_MAX_STACK)
+        nu = AIFLAME_MAX_STACK;
+    rec->kern_len = bpf_get_stack(ctx, &rec->data[nu], AIFLAME_MAX_STACK * 8, 0);
+    if (rec->kern_len < 0)
+        count(CNT_KSTACK_ERR);
+    u32 nk = rec->kern_len > 0 ? (u32)rec->kern_len / 8 : 0;
+    if (nk > AIFLAME_MAX_STACK)
+        nk = AIFLAME_MAX_STACK;
+    walk_python(rec->data, &rec->py_count, &rec->py_flags, rec->pid, rec->tid, nu + nk, target);
+    u32 words = nu + nk + 2 * rec->py_count;
+    if (words > AIFLAME_SAMPLE_WORDS)
+        words = AIFLAME_SAMPLE_WORDS;
+    u64 size = offsetof(struct sample_rec, data) + (u64)words * 8;
+    if (size > sizeof(struct sample_rec))
+        size = sizeof(struct sample_rec);
+    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
+        count(CNT_LOST);
+    return 0;
+}
+
 int on_sample(struct bpf_perf_event_data *ctx) {
 #if AIFLAME_KEEP_ONE_IN > 1
     if (bpf_get_prandom_u32() % AIFLAME_KEEP_ONE_IN != 0)
@@ -206,28 +427,53 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         return 0;
     FILL_HEAD(rec, REC_SAMPLE, id);
     bpf_get_current_comm(rec->comm, sizeof(rec->comm));
+    rec->unwind = 0;
+    struct uw_state *st = uw_scratch.lookup(&zero);
+    if (st && unwind_procs.lookup(&tgid)) {
+        /* the task's user registers, whether the sample hit user or kernel code */
+        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
+        bpf_probe_read_kernel(&st->pc, 8, &regs->ip);
+        bpf_probe_read_kernel(&st->sp, 8, &regs->sp);
+        bpf_probe_read_kernel(&st->bp, 8, &regs->bp);
+        st->n = 0;
+        st->why = 0;
+        st->calls = 0;
+        if (st->pc)
+            uw_progs.call(ctx, UW_PROG_STEP);
+        count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
+    }
     rec->user_len = bpf_get_stack(ctx, rec->data, AIFLAME_MAX_STACK * 8, BPF_F_USER_STACK);
-    if (rec->user_len < 0)
-        count(CNT_USTACK_ERR);
-    u32 nu = rec->user_len > 0 ? (u32)rec->user_len / 8 : 0;
-    if (nu > AIFLAME_MAX_STACK)
-        nu = AIFLAME_MAX_STACK;
-    rec->kern_len = bpf_get_stack(ctx, &rec->data[nu], AIFLAME_MAX_STACK * 8, 0);
-    if (rec->kern_len < 0)
-        count(CNT_KSTACK_ERR);
-    u32 nk = rec->kern_len > 0 ? (u32)rec->kern_len / 8 : 0;
-    if (nk > AIFLAME_MAX_STACK)
-        nk = AIFLAME_MAX_STACK;
-    walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu + nk, target);
-    u32 words = nu + nk + 2 * rec->py_count;
-    if (words > AIFLAME_SAMPLE_WORDS)
-        words = AIFLAME_SAMPLE_WORDS;
-    u64 size = offsetof(struct sample_rec, data) + (u64)words * 8;
-    if (size > sizeof(struct sample_rec))
-        size = sizeof(struct sample_rec);
-    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
-        count(CNT_LOST);
+    return finish_sample(ctx, rec, target);
+}
+
+/* Tail-called: walk AIFLAME_UW_FRAMES more frames, then again or on to sample_finish. */
+int uw_step(struct bpf_perf_event_data *ctx) {
+    u32 zero = 0;
+    struct sample_rec *rec = sample_scratch.lookup(&zero);
+    struct uw_state *st = uw_scratch.lookup(&zero);
+    if (!rec || !st)
+        return 0;
+    u32 tgid = rec->pid;
+    struct unwind_proc *up = unwind_procs.lookup(&tgid);
+    int done = up ? unwind_step(rec->data, up, st) : 1;
+    st->calls++;
+    if (!done && st->calls < AIFLAME_MAX_STACK / AIFLAME_UW_FRAMES + 2)
+        uw_progs.call(ctx, UW_PROG_STEP);
+    if (!done)
+        st->why |= UW_STOP_DEPTH;
+    rec->user_len = st->n * 8;
+    rec->unwind = st->why;
+    uw_progs.call(ctx, UW_PROG_FINISH);
+    count(CNT_UW_TAILCALL_FAIL);
     return 0;
+}
+
+int sample_finish(struct bpf_perf_event_data *ctx) {
+    u32 zero = 0;
+    struct sample_rec *rec = sample_scratch.lookup(&zero);
+    if (!rec)
+        return 0;
+    return finish_sample(ctx, rec, target_flags(rec->pid));
 }
 
 static __always_inline void emit_proc(u32 kind, u32 pid, u32 child) {

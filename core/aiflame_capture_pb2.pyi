@@ -42,7 +42,7 @@ class Header(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., aiflame_version: _Optional[str] = ..., host: _Optional[str] = ..., kernel: _Optional[str] = ..., machine: _Optional[str] = ..., frequency_hz: _Optional[int] = ..., event: _Optional[str] = ..., start_wall_ns: _Optional[int] = ..., start_mono_ns: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., target: _Optional[str] = ..., meta: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("time_ns", "pid", "tid", "cpu", "comm", "user", "kern", "user_err", "kern_err", "weight", "py", "py_flags")
+    __slots__ = ("time_ns", "pid", "tid", "cpu", "comm", "user", "kern", "user_err", "kern_err", "weight", "py", "py_flags", "unwind")
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class Sample(_message.Message):
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     PY_FIELD_NUMBER: _ClassVar[int]
     PY_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    UNWIND_FIELD_NUMBER: _ClassVar[int]
     time_ns: int
     pid: int
     tid: int
@@ -67,7 +68,8 @@ class Sample(_message.Message):
     weight: int
     py: _containers.RepeatedCompositeFieldContainer[PyFrame]
     py_flags: int
-    def __init__(self, time_ns: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., cpu: _Optional[int] = ..., comm: _Optional[str] = ..., user: _Optional[_Iterable[int]] = ..., kern: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., kern_err: _Optional[int] = ..., weight: _Optional[int] = ..., py: _Optional[_Iterable[_Union[PyFrame, _Mapping]]] = ..., py_flags: _Optional[int] = ...) -> None: ...
+    unwind: int
+    def __init__(self, time_ns: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., cpu: _Optional[int] = ..., comm: _Optional[str] = ..., user: _Optional[_Iterable[int]] = ..., kern: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., kern_err: _Optional[int] = ..., weight: _Optional[int] = ..., py: _Optional[_Iterable[_Union[PyFrame, _Mapping]]] = ..., py_flags: _Optional[int] = ..., unwind: _Optional[int] = ...) -> None: ...
 
 class PyFrame(_message.Message):
     __slots__ = ("code", "instr", "owner", "is_entry")

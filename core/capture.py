@@ -66,6 +66,7 @@ def sample_to_pb(s: RawSample) -> pb.Sample:
     m = pb.Sample(
         time_ns=s.time_ns, pid=s.pid, tid=s.tid, cpu=s.cpu, comm=s.comm, user=s.user, kern=s.kern,
         user_err=s.user_err, kern_err=s.kern_err, weight=0 if s.weight == 1 else s.weight, py_flags=s.py_flags,
+        unwind=s.unwind,
     )
     for f in s.py:
         m.py.add(code=f.code, instr=f.instr, owner=f.owner, is_entry=f.is_entry)
@@ -294,6 +295,7 @@ def read_capture(path: Path) -> Capture:
             cap.samples.append(RawSample(
                 s.time_ns, s.pid, s.tid, s.cpu, s.comm, tuple(s.user), tuple(s.kern), s.user_err, s.kern_err,
                 s.weight or 1, tuple(RawPyFrame(f.code, f.instr, f.owner, f.is_entry) for f in s.py), s.py_flags,
+                s.unwind,
             ))
         elif which == "process":
             p = rec.process

@@ -33,6 +33,7 @@ class RawSample:
     weight: int = 1
     py: tuple[RawPyFrame, ...] = ()  # newest first
     py_flags: int = 0  # agent.records.PyFlag bits
+    unwind: int = 0  # how the user stack was walked: UW_STOP_* | UW_USED_FP (bpf/unwind.h); 0: frame pointers
 
 
 @dataclass(frozen=True, slots=True)

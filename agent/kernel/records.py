@@ -55,9 +55,10 @@ class Counter(enum.IntEnum):
     PY_READ_ERR = 7
     CALL_LOST = 8
     OPEN_LOST = 9
+    UW_TAILCALL_FAIL = 10
 
 
-COUNTER_SLOTS = 10
+COUNTER_SLOTS = 11
 
 
 class PyProcRec(ctypes.Structure):
@@ -94,6 +95,8 @@ class SampleRec(ctypes.Structure):
         ("comm", ctypes.c_char * COMM_LEN),
         ("py_count", ctypes.c_uint32),
         ("py_flags", ctypes.c_uint32),
+        ("unwind", ctypes.c_uint32),  # UW_STOP_* | UW_USED_FP (bpf/unwind.h); 0: frame pointers by the kernel
+        ("pad", ctypes.c_uint32),
         ("data", ctypes.c_uint64 * SAMPLE_WORDS),  # packed: user, kernel, then 2 words per Python frame
     ]
 

@@ -162,7 +162,7 @@ def bpf_source(config: SamplerConfig) -> str:
     return defines + program_text(config).replace('#include "aiflame.h"', header)
 
 
-_HEAD = struct.Struct("<IIQIIii16sII")  # sample_rec up to data[]
+_HEAD = struct.Struct("<IIQIIii16sIIII")  # sample_rec up to data[]
 _P_HEAD = struct.Struct("<IIQII16s")
 _C_HEAD = struct.Struct("<IIQIIIi8Q4QIIIi128s")  # call_rec up to data[]
 _R_REC = struct.Struct("<IIQIIIIQQ")
@@ -200,7 +200,7 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
     """Turn one ring-buffer record into its Python form (None for an unknown kind)."""
     kind = int.from_bytes(buf[:4], "little")
     if kind == RecKind.SAMPLE:
-        _, cpu, t, pid, tid, ulen, klen, comm, py_count, py_flags = _HEAD.unpack_from(buf)
+        _, cpu, t, pid, tid, ulen, klen, comm, py_count, py_flags, unwind, _pad = _HEAD.unpack_from(buf)
         words = (len(buf) - _HEAD.size) // 8
         data = struct.unpack_from(f"<{words}Q", buf, _HEAD.size) if words > 0 else ()
         nu = min(max(ulen, 0) // 8, len(data))
@@ -208,7 +208,7 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
         py = _py_frames(data, nu + nk, py_count)
         return RawSample(
             t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), tuple(data[:nu]),
-            tuple(data[nu:nu + nk]), min(ulen, 0), min(klen, 0), 1, py, py_flags,
+            tuple(data[nu:nu + nk]), min(ulen, 0), min(klen, 0), 1, py, py_flags, unwind,
         )
     if kind in (RecKind.FORK, RecKind.EXEC, RecKind.EXIT):
         _, _cpu, t, pid, child, comm = _P_HEAD.unpack_from(buf)
@@ -233,10 +233,13 @@ def _close_all(probes: list[Uprobe]) -> None:
         u.close()
 
 
-LAYOUT_MAPS = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_proc": "layout_py_proc"}
+LAYOUT_MAPS = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_proc": "layout_py_proc",
+               "unwind_proc": "layout_unwind_proc", "unwind_rule": "layout_unwind_rule"}
 PROBE_LAYOUT_MAPS = {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_rec": "layout_open",
                      "probe_spec": "layout_spec"}
-MAPS = ["events", "targets", "counters", "py_procs", "probe_specs", "libs_seen",
+UNWIND_MAPS = ["unwind_rows", "unwind_rules", "unwind_procs", "uw_progs"]
+UW_PROGS = ("uw_step", "sample_finish")  # uw_progs[0], [1] (UW_PROG_STEP, UW_PROG_FINISH in cpu_sampler.bpf.c)
+MAPS = ["events", "targets", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
@@ -262,7 +265,7 @@ class CpuSampler:
         self.event_used = ""
 
     def start(self, pids: list[int]) -> None:
-        functions = {"on_sample": "perf_event"}
+        functions = {"on_sample": "perf_event"} | dict.fromkeys(UW_PROGS, "perf_event")
         if self.config.probes:
             functions |= {"on_call": "kprobe", "on_ret": "kprobe"}
         try:
@@ -270,6 +273,8 @@ class CpuSampler:
         except BpfLoadError as e:
             raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:
+            for i, prog in enumerate(UW_PROGS):
+                self._obj.maps["uw_progs"].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
             for pid in pids:
                 self.add_target(pid)
             events = self._obj.maps["events"]

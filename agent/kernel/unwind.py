@@ -1,0 +1,253 @@
+"""The BPF unwinder's tables (bpf/unwind.h): one pool of CFI rows shared by every process, rules deduplicated
+across files, and each target's executable mappings. Runs in the agent when a process's mappings are read, never
+on the sampling path. A file's table is built (or read from the on-disk cache) once and written into the pool
+once, however many processes map it; when the pool is full the least recently used tables are evicted (their
+processes' mappings then walk with frame pointers, and samples say so). A file whose CFI cannot be read falls
+back to frame pointers alone, with its error kept once for the summary and `doctor`."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from aiflame.agent.kernel.bpf_object import BpfObject
+from aiflame.core.errors import AiflameError
+from aiflame.core.raw import Mapping
+from aiflame.symbolize.objfmt.cfi import NOT_COVERED, RULE, Rule, UnwindTable, load_or_build
+from aiflame.symbolize.objfmt.elf import ElfFile
+
+log = logging.getLogger(__name__)
+
+MAX_MAPS = 256  # AIFLAME_UNWIND_MAPS
+MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
+ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
+_MAP = struct.Struct("<QQQII")  # struct unwind_map: start, end, bias, first_row, nrows
+_PROC_HEAD = struct.Struct("<II")  # n, flags
+_U32 = struct.Struct("<I")
+
+# why a walk ended (bpf/unwind.h UW_STOP_*), for counters and the summary
+STOP_REASONS = {1: "end", 2: "no mapping (JIT, anonymous, vdso)", 3: "pc not covered by CFI",
+                4: "unsupported CFA rule", 5: "stack read fault", 6: "depth limit", 7: "frame-pointer chain ended",
+                8: "table evicted"}
+USED_FP = 0x100
+
+
+class UnwindMap(ctypes.Structure):
+    """Mirror of struct unwind_map (a test checks it against the C layout)."""
+
+    _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("bias", ctypes.c_uint64),
+                ("first_row", ctypes.c_uint32), ("nrows", ctypes.c_uint32)]
+
+
+class UnwindProc(ctypes.Structure):
+    """Mirror of struct unwind_proc."""
+
+    _fields_ = [("n", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("m", UnwindMap * MAX_MAPS)]
+
+
+@dataclass
+class _Loaded:
+    first: int
+    nrows: int
+    users: set[int] = field(default_factory=set)
+    used_ns: int = 0
+
+
+@dataclass
+class UnwindStats:
+    tables: int = 0  # tables in the pool now
+    rows_used: int = 0
+    rows_capacity: int = 0
+    loaded: int = 0  # tables written into the pool (a table evicted and loaded again counts twice)
+    evicted: int = 0
+    build_s: float = 0.0  # time spent building or reading tables
+    errors: dict[str, str] = field(default_factory=dict)  # file -> why it has no table
+
+
+class UnwindTables:
+    """Fills unwind_rows, unwind_rules and unwind_procs of a loaded sampler."""
+
+    def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build) -> None:
+        self._rows_map = obj.maps["unwind_rows"]
+        self._rules_map = obj.maps["unwind_rules"]
+        self._procs = obj.maps["unwind_procs"]
+        self._table_for = table_for
+        self.capacity = self._rows_map.max_entries
+        size = self.capacity * 8
+        self._pool = mmap.mmap(self._rows_map.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._rules: dict[Rule, int] = {NOT_COVERED: 0}
+        self._rules_map.update(_U32.pack(0), RULE.pack(*NOT_COVERED))
+        self._files: dict[str, _Loaded] = {}
+        self._free: list[tuple[int, int]] = [(0, self.capacity)]  # (start, length), sorted by start
+        self._proc_keys: dict[int, list[tuple[Mapping, str]]] = {}  # pid -> its mappings and their file keys
+        self._bias: dict[tuple[int, int], int] = {}  # (pid, mapping start) -> runtime minus ELF address
+        self._evicted: set[str] = set()
+        self.stats = UnwindStats(rows_capacity=self.capacity)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # --- processes ----------------------------------------------------------------------------------------
+
+    def add_process(self, pid: int, mappings: Iterable[Mapping]) -> None:
+        """(Re)describe `pid`'s executable mappings to BPF, loading the tables of files seen first."""
+        entries: list[tuple[Mapping, str]] = []
+        for m in sorted(mappings, key=lambda m: m.start):
+            if "x" not in m.perms or not m.path.startswith("/") or len(entries) >= MAX_MAPS:
+                continue
+            key = self._load(pid, m)
+            entries.append((m, key))
+        old = self._proc_keys.get(pid, [])
+        for _, key in old:
+            if key in self._files:
+                self._files[key].users.discard(pid)
+        for _, key in entries:
+            if key in self._files:
+                self._files[key].users.add(pid)
+        self._proc_keys[pid] = entries
+        self._write_proc(pid)
+
+    def remove_process(self, pid: int) -> None:
+        for m, key in self._proc_keys.pop(pid, []):
+            self._bias.pop((pid, m.start), None)
+            if key in self._files:
+                self._files[key].users.discard(pid)
+        self._procs.delete(_U32.pack(pid))
+
+    def _write_proc(self, pid: int) -> None:
+        entries = self._proc_keys.get(pid, [])
+        proc = bytearray(ctypes.sizeof(UnwindProc))
+        _PROC_HEAD.pack_into(proc, 0, len(entries), 0)
+        for i, (m, key) in enumerate(entries):
+            bias, loaded = self._bias.get((pid, m.start), 0), self._files.get(key)
+            if loaded:
+                first, nrows = loaded.first, loaded.nrows
+            else:
+                first, nrows = (ROWS_EVICTED if key in self._evicted else 0), 0
+            _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows)
+        self._procs.update(_U32.pack(pid), bytes(proc))
+
+    # --- tables -------------------------------------------------------------------------------------------
+
+    def _load(self, pid: int, m: Mapping) -> str:
+        """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one)."""
+        path = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+        try:
+            with ElfFile.open(path) as elf:
+                vaddr = elf.file_offset_to_vaddr(m.file_offset)
+                st = os.fstat(elf.fd)
+        except (AiflameError, OSError) as e:
+            self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
+            return ""
+        if vaddr is None:
+            self.stats.errors.setdefault(m.path, f"{m.path}: mapping offset {m.file_offset:#x} outside its segments")
+            return ""
+        self._bias[(pid, m.start)] = m.start - vaddr
+        key = m.build_id or f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        loaded = self._files.get(key)
+        if loaded is not None:
+            loaded.used_ns = time.monotonic_ns()
+            return key
+        if key in self.stats.errors:
+            return ""
+        t0 = time.perf_counter()
+        try:
+            table = self._table_for(path)
+        except (AiflameError, OSError) as e:
+            self.stats.errors[m.path] = str(e).replace(path, m.path)
+            return ""
+        finally:
+            self.stats.build_s += time.perf_counter() - t0
+        if not self._store(key, table):
+            self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
+            return ""
+        return key
+
+    def _store(self, key: str, table: UnwindTable) -> bool:
+        n = len(table)
+        if n == 0 or n > self.capacity:
+            return False
+        first = self._alloc(n)
+        if first is None:
+            return False
+        rules = self._global_rules(table.rules)
+        if rules is None:
+            self._release(first, n)
+            return False
+        # rows are <IHH> (pc, local rule, 0); BPF wants u64 pc | global rule << 32, the same bytes with the
+        # rule index renumbered
+        local = memoryview(table.rows).cast("H")
+        out = bytearray(table.rows)
+        view = memoryview(out).cast("H")
+        for i in range(2, len(local), 4):
+            view[i] = rules[local[i]]
+        self._pool[first * 8:(first + n) * 8] = out
+        self._files[key] = _Loaded(first, n, used_ns=time.monotonic_ns())
+        self._evicted.discard(key)
+        self.stats.loaded += 1
+        self._update_stats()
+        return True
+
+    def _global_rules(self, rules: tuple[Rule, ...]) -> list[int] | None:
+        out = []
+        for r in rules:
+            idx = self._rules.get(r)
+            if idx is None:
+                if len(self._rules) >= MAX_RULES:
+                    return None
+                idx = len(self._rules)
+                self._rules[r] = idx
+                self._rules_map.update(_U32.pack(idx), RULE.pack(*r))
+            out.append(idx)
+        return out
+
+    def _alloc(self, n: int) -> int | None:
+        while True:
+            for i, (start, length) in enumerate(self._free):
+                if length >= n:
+                    self._free[i:i + 1] = [(start + n, length - n)] if length > n else []
+                    return start
+            if not self._evict_one():
+                return None
+
+    def _release(self, start: int, n: int) -> None:
+        self._free.append((start, n))
+        self._free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, ln in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + ln)
+            else:
+                merged.append((s, ln))
+        self._free = merged
+
+    def _evict_one(self) -> bool:
+        """Evict the least recently used table, preferring those no live process maps."""
+        if not self._files:
+            return False
+        key = min(self._files, key=lambda k: (bool(self._files[k].users), self._files[k].used_ns))
+        loaded = self._files.pop(key)
+        self._release(loaded.first, loaded.nrows)
+        self._evicted.add(key)
+        self.stats.evicted += 1
+        for pid in sorted(loaded.users):
+            self._write_proc(pid)
+        self._update_stats()
+        log.info("unwind table evicted (%d rows, %d processes map it)", loaded.nrows, len(loaded.users))
+        return True
+
+    def _update_stats(self) -> None:
+        self.stats.tables = len(self._files)
+        self.stats.rows_used = sum(f.nrows for f in self._files.values())
+
+
+def describe_stops(counts: dict[int, int]) -> list[str]:
+    """'reason: N' lines for a {UW_STOP_*: samples} count, most frequent first."""
+    return [f"{STOP_REASONS.get(k, f'reason {k}')}: {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+
