@@ -39,8 +39,8 @@ from aiflame.symbolize.errors import SymbolizeError
 __all__ = [
     "CFA_DEREF_RBP", "CFA_END", "CFA_INVALID", "CFA_KINDS", "CFA_NONE", "CFA_PLT", "CFA_PLT10", "CFA_RBP",
     "CFA_RSP", "CFA_SIGNAL", "MAX_ROWS", "NOT_COVERED", "RBP_INVALID", "RBP_KINDS", "RBP_OFFSET",
-    "RBP_UNCHANGED", "ROW", "RULE", "CfiError", "CfiStats", "FdeRows", "Rule", "UnwindTable", "build_table",
-    "cache_path", "fde_rows", "load_or_build",
+    "RBP_UNCHANGED", "ROW", "RULE", "CfiError", "CfiStats", "FdeRows", "Rule", "UnwindTable",
+    "build_from_sections", "build_table", "cache_path", "decode_table", "encode_table", "fde_rows", "load_or_build",
 ]
 
 log = logging.getLogger(__name__)
@@ -247,6 +247,7 @@ class _Input(NamedTuple):
     dbg: bytes
     fd: int  # for the 10 bytes of code that tell a signal trampoline; -1 when closed
     code: tuple[tuple[int, int, int], ...]  # executable PT_LOAD (vaddr, file offset, filesz)
+    max_rows: int = MAX_ROWS
 
 
 _EM_X86_64, _ET_REL, _PT_LOAD, _PF_X, _SHT_NOBITS = 62, 1, 1, 1, 8
@@ -407,8 +408,12 @@ class _Parser:
                     elif ch not in (0x42, 0x47):  # B, G: AArch64 markers without data
                         break  # unknown: 'z' says how long the data is, so skip the rest
                 pos = aend
-            elif aug:
-                raise _Bad(f'unsupported augmentation "{_printable(aug)}"')
+            else:
+                for ch in aug:  # without 'z' only letters that carry no data can be skipped
+                    if ch == 0x53:
+                        signal = True
+                    elif ch not in (0x42, 0x47):
+                        raise _Bad(f'unsupported augmentation "{_printable(aug)}"')
             proto = _Cie(caf, daf, fde_enc, has_z, signal, _NO_STATE)
             state, _ = _run(d, pos, end, proto, None)
         except _Bad as e:
@@ -779,8 +784,8 @@ def _build_py(inp: _Input) -> UnwindTable:
 
     def emit(pc: int, idx: int) -> None:
         nonlocal last
-        if len(out) >= MAX_ROWS * ROW.size:
-            raise _Bad(f"more than {MAX_ROWS} rows")
+        if len(out) >= inp.max_rows * ROW.size:
+            raise _Bad(f"more than {inp.max_rows} rows")
         out.extend(ROW.pack(pc, idx, 0))
         r = rules[idx]
         cfa_kinds[r.cfa_type] += 1
@@ -918,6 +923,15 @@ def _build(inp: _Input, engine: Engine) -> UnwindTable:
         raise CfiError(f"{inp.label}: {e}") from None
 
 
+def build_from_sections(label: str, eh_frame: bytes, eh_frame_addr: int, eh_frame_hdr: bytes = b"",
+                        eh_frame_hdr_addr: int = 0, debug_frame: bytes = b"", engine: Engine = "auto",
+                        max_rows: int = MAX_ROWS) -> UnwindTable:
+    """The table of raw section contents (e.g. a vDSO image read from memory, or test input); `label` names
+    them in errors. Without the file's code, only CIE augmentation 'S' marks signal frames."""
+    return _build(_Input(label, eh_frame, eh_frame_addr, eh_frame_hdr, eh_frame_hdr_addr, debug_frame, -1, (),
+                         max_rows), engine)
+
+
 def build_table(path: str | os.PathLike[str], engine: Engine = "auto") -> UnwindTable:
     """The unwind table of the ELF file at `path`, built now (no cache). `engine`: "c" (cfi_fast.c, compiled
     on first use), "python" (the reference), or "auto" (C when a compiler is there, else Python).
@@ -941,6 +955,7 @@ class _CInput(ctypes.Structure):
         ("hdr", ctypes.c_char_p), ("hdr_len", ctypes.c_uint64), ("hdr_addr", ctypes.c_uint64),
         ("dbg", ctypes.c_char_p), ("dbg_len", ctypes.c_uint64),
         ("fd", ctypes.c_int64), ("ncode", ctypes.c_uint64), ("code", ctypes.POINTER(ctypes.c_uint64)),
+        ("max_rows", ctypes.c_uint64),
     ]
 
 
@@ -1041,7 +1056,7 @@ def _build_c(lib: ctypes.CDLL, inp: _Input) -> UnwindTable:
     flat = [v for seg in inp.code for v in seg]
     code = (ctypes.c_uint64 * max(1, len(flat)))(*flat)
     cin = _CInput(inp.eh, len(inp.eh), inp.eh_addr, inp.hdr, len(inp.hdr), inp.hdr_addr, inp.dbg, len(inp.dbg),
-                  inp.fd, len(inp.code), code)
+                  inp.fd, len(inp.code), code, inp.max_rows)
     res = _CResult()
     if lib.cfi_build(ctypes.byref(cin), ctypes.byref(res)) != 0:
         raise _Bad(res.error.decode("utf-8", "replace"))

@@ -16,7 +16,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define MAX_ROWS (8u << 20)
 #define MAX_RULES (1u << 16)
 #define MAX_STATE_DEPTH 64
 #define MAX_PC 0xFFFFFFFFull
@@ -40,6 +39,7 @@ struct cfi_input {
     int64_t fd;
     uint64_t ncode;
     const uint64_t *code; /* ncode triples: vaddr, file offset, filesz */
+    uint64_t max_rows;
 };
 
 struct cfi_result {
@@ -644,10 +644,16 @@ static void parse_cie(struct ctx *c, int which, const struct record *rec, struct
             }
         }
         pos = aend;
-    } else if (aug_len) {
-        char buf[24];
-        printable(aug, aug_len, buf);
-        fail(c, "unsupported augmentation \"%s\"", buf);
+    } else {
+        for (uint64_t i = 0; i < aug_len; i++) { /* without 'z' only letters that carry no data can be skipped */
+            if (aug[i] == 'S') {
+                cie->signal = 1;
+            } else if (aug[i] != 'B' && aug[i] != 'G') {
+                char buf[24];
+                printable(aug, aug_len, buf);
+                fail(c, "unsupported augmentation \"%s\"", buf);
+            }
+        }
     }
     uint64_t visited;
     cie->state = NO_STATE;
@@ -871,8 +877,8 @@ static uint32_t intern(struct ctx *c, const struct rule *r) {
 }
 
 static void emit(struct ctx *c, uint64_t pc, uint32_t idx, int64_t *last) {
-    if (c->nrows >= MAX_ROWS)
-        fail(c, "more than %u rows", MAX_ROWS);
+    if (c->nrows >= c->in->max_rows)
+        fail(c, "more than %llu rows", (unsigned long long)c->in->max_rows);
     c->rows = grow(c, c->rows, &c->caprows, (c->nrows + 1) * 8, 1);
     uint8_t *p = c->rows + c->nrows++ * 8;
     p[0] = (uint8_t)pc, p[1] = (uint8_t)(pc >> 8), p[2] = (uint8_t)(pc >> 16), p[3] = (uint8_t)(pc >> 24);
