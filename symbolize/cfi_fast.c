@@ -1018,3 +1018,28 @@ void cfi_sizes(uint64_t out[2]) {
     out[0] = sizeof(struct cfi_input);
     out[1] = sizeof(struct cfi_result);
 }
+
+/* The row checks of cfi.py's decode_table for a table read back from disk: 0 when the rows are as build()
+ * makes them, else 1 not strictly increasing, 2 spare field set, 3 rule index out of range or first row not
+ * covered or last row not a gap, 4 a rule repeated by the next row. */
+int cfi_check_rows(const uint8_t *rows, uint64_t nrows, uint64_t nrules) {
+    if (!nrows)
+        return 0;
+    uint32_t prev_pc = 0, prev_idx = 0;
+    for (uint64_t i = 0; i < nrows; i++) {
+        const uint8_t *p = rows + 8 * i;
+        uint32_t pc = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        uint32_t idx = (uint32_t)p[4] | (uint32_t)p[5] << 8;
+        if (i && pc <= prev_pc)
+            return 1;
+        if (p[6] || p[7])
+            return 2;
+        if (idx >= nrules)
+            return 3;
+        if (i && idx == prev_idx)
+            return 4;
+        prev_pc = pc, prev_idx = idx;
+    }
+    uint32_t first = (uint32_t)rows[4] | (uint32_t)rows[5] << 8;
+    return first == 0 || prev_idx != 0 ? 3 : 0;
+}

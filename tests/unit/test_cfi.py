@@ -820,12 +820,15 @@ def test_decode_checks_structure_behind_a_valid_checksum(built: dict[str, str]) 
         "index past the rules": [(rows[0][0], len(table.rules), 0), *rows[1:]],
         "spare set": [(rows[0][0], rows[0][1], 1), *rows[1:]],
         "repeated rule": [rows[0], (rows[0][0] + 1, rows[0][1], 0), *rows[1:-1]],
-        "no final gap": rows[:-1],
+        "no final gap": [*rows[:-1], (rows[-1][0], next(i for i in (1, 2) if i != rows[-2][1]), 0)],
     }
     for name, new in bad.items():
-        with pytest.raises(ValueError):
-            cfi.decode_table(with_rows(new), key)
-            pytest.fail(name)
+        for with_c in (True, False):
+            with pytest.raises(ValueError) as e:
+                cfi.decode_table(with_rows(new), key, check_with_c=with_c)
+                pytest.fail(name)
+            assert str(e.value) == {"unsorted": "rows not strictly increasing", "spare set": "spare field set",
+                                    "repeated rule": "repeated rows"}.get(name, "row rule indices")
     with pytest.raises(ValueError, match="other key"):
         cfi.decode_table(cfi.encode_table(key, table), "other")
 
