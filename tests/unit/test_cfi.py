@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiflame.symbolize import cfi
-from aiflame.symbolize.cfi import (
+from aiflame.symbolize.objfmt.cfi import (
     CFA_DEREF_RBP,
     CFA_END,
     CFA_INVALID,
@@ -39,7 +39,7 @@ from aiflame.symbolize.cfi import (
     Rule,
     UnwindTable,
 )
-from aiflame.symbolize.elf import ElfFile
+from aiflame.symbolize.objfmt.elf import ElfFile
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from aiflame.symbolize.cache import default_cache_dir
-from aiflame.symbolize.elf import ElfFile
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf import ElfFile
 
 __all__ = [
     "CFA_DEREF_RBP", "CFA_END", "CFA_INVALID", "CFA_KINDS", "CFA_NONE", "CFA_PLT", "CFA_PLT10", "CFA_RBP",
