@@ -414,6 +414,8 @@ class Session:
         self._snaps[pid] = snap
         self._known[pid] = set()
         writer.add_process(snap)
+        if self._sampler:
+            self._sampler.set_mappings(pid, snap.mappings)
         if pid not in self._env_ranked and (env := rank_event(pid, _mono_ns())) is not None:
             self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
             writer.add_events([env])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +30,10 @@ from aiflame.agent.kernel.records import (
     SampleRec,
 )
 from aiflame.agent.kernel.ringbuf import RingBuffer
+from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
 from aiflame.agent.kernel.uprobes import Uprobe, attach_uprobe
 from aiflame.core.errors import HostError
-from aiflame.core.raw import RawPyFrame, RawSample
+from aiflame.core.raw import Mapping, RawPyFrame, RawSample
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
@@ -65,6 +66,9 @@ class SamplerConfig:
     # 1/keep_one_in, so samples land on a fine grid at random, not in lockstep with a periodic workload;
     # 0 chooses (oversample_for). bench/split_bias.py measures the bias this removes.
     keep_one_in: int = 0
+    # Walk user stacks with .eh_frame tables (bpf/unwind.h) in processes whose mappings the agent described;
+    # False: frame pointers only (the kernel's walk), as before CFI unwinding.
+    cfi: bool = True
 
     @property
     def thinning(self) -> int:
@@ -262,6 +266,7 @@ class CpuSampler:
         self._obj: BpfObject | None = None
         self._ring: RingBuffer | None = None
         self._uprobes: list[Uprobe] = []
+        self._unwind: UnwindTables | None = None
         self.event_used = ""
 
     def start(self, pids: list[int]) -> None:
@@ -275,6 +280,8 @@ class CpuSampler:
         try:
             for i, prog in enumerate(UW_PROGS):
                 self._obj.maps["uw_progs"].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
+            if self.config.cfi:
+                self._unwind = UnwindTables(self._obj)
             for pid in pids:
                 self.add_target(pid)
             events = self._obj.maps["events"]
@@ -324,6 +331,18 @@ class CpuSampler:
 
     def remove_target(self, pid: int) -> None:
         self._bpf.maps["targets"].delete(_U32.pack(pid))
+        if self._unwind is not None:
+            self._unwind.remove_process(pid)
+
+    def set_mappings(self, pid: int, mappings: Iterable[Mapping]) -> None:
+        """Describe `pid`'s executable mappings to the CFI unwinder, building the tables of files seen first
+        (off the sampling path; a file without usable CFI is walked with frame pointers)."""
+        if self._unwind is not None:
+            self._unwind.add_process(pid, mappings)
+
+    @property
+    def unwind_stats(self) -> UnwindStats | None:
+        return self._unwind.stats if self._unwind is not None else None
 
     def set_python(self, pid: int, proc: PyProcRec) -> None:
         """Turn on the Python walk for `pid` with its layout (or update it)."""
@@ -410,6 +429,9 @@ class CpuSampler:
 
     def close(self) -> None:
         self.detach_probes()
+        if self._unwind is not None:
+            self._unwind.close()
+            self._unwind = None
         if self._ring is not None:
             self._ring.close()
             self._ring = None

@@ -141,7 +141,7 @@ class UnwindTables:
         try:
             with ElfFile.open(path) as elf:
                 vaddr = elf.file_offset_to_vaddr(m.file_offset)
-                st = os.fstat(elf.fd)
+                st = os.stat(elf.fd_path)
         except (AiflameError, OSError) as e:
             self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
             return ""
