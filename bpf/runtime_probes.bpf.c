@@ -20,6 +20,9 @@ BPF_ARRAY(layout_call, struct call_rec, 1);
 BPF_ARRAY(layout_ret, struct ret_rec, 1);
 BPF_ARRAY(layout_open, struct open_rec, 1);
 BPF_ARRAY(layout_spec, struct probe_spec, 1);
+/* The caller's stack by CFI, as the sampler walks it (cpu_sampler.bpf.c), in kprobe-type tail calls of its own */
+BPF_PERCPU_ARRAY(uw_call_scratch, struct uw_state, 1);
+BPF_PROG_ARRAY(uw_call_progs, 2);
 
 /* The caller's frame-pointer chain: the probed ip, then the return address of each frame from rbp up. At a
  * function's entry its caller's own return address is at sp, not on the chain (the agent inserts it from
@@ -53,6 +56,40 @@ static __always_inline u64 probe_source(struct call_rec *rec, s16 src) {
     if (src < 8)
         return rec->args[src & 7];
     return rec->deref[(src - 8) & 3];
+}
+
+/* After the caller's user stack: its Python frames, the out-pointer to remember, and the record out. */
+static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec, struct probe_spec *spec) {
+    u32 words = 0;
+    if (spec->flags & PROBE_STACK) {
+        u32 nu = (u32)rec->user_len / 8;
+        if (nu > AIFLAME_MAX_STACK)
+            nu = AIFLAME_MAX_STACK;
+        u32 target = target_flags(rec->pid);
+        walk_python(rec->data, &rec->py_count, &rec->py_flags, rec->pid, rec->tid, nu, target);
+        words = nu + 2 * rec->py_count;
+    }
+    if (spec->flags & PROBE_OUT) {
+        u64 key = ((u64)rec->tid << 32) | rec->probe;
+        u64 ptr = rec->args[spec->out_arg & 7];
+        call_outs.update(&key, &ptr);
+    }
+    if (words > AIFLAME_SAMPLE_WORDS)
+        words = AIFLAME_SAMPLE_WORDS;
+    u64 size = offsetof(struct call_rec, data) + (u64)words * 8;
+    if (size > sizeof(struct call_rec))
+        size = sizeof(struct call_rec);
+    if (spec->flags & PROBE_STOP) {
+        /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it */
+        if (events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP) != 0)
+            count(CNT_CALL_LOST);
+        else
+            bpf_send_signal(19);
+        return 0;
+    }
+    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
+        count(CNT_CALL_LOST);
+    return 0;
 }
 
 /* The probe id is the attach cookie the agent gave this uprobe (agent/uprobes.py attaches with one). */
@@ -117,39 +154,55 @@ int on_call(struct pt_regs *ctx) {
         u64 addr = probe_source(rec, spec->str_src);
         rec->str_len = bpf_probe_read_user_str(rec->str, sizeof(rec->str), (void *)addr);
     }
-    u32 words = 0;
     rec->user_len = 0;
     rec->py_count = 0;
     rec->py_flags = 0;
     if (spec->flags & PROBE_STACK) {
+        struct uw_state *st = uw_call_scratch.lookup(&zero);
+        if (st && unwind_procs.lookup(&tgid)) {
+            st->pc = ctx->ip;
+            st->sp = ctx->sp;
+            st->bp = ctx->bp;
+            st->n = 0;
+            st->why = 0;
+            st->calls = 0;
+            uw_call_progs.call(ctx, UW_PROG_STEP);
+            count(CNT_UW_TAILCALL_FAIL);
+        }
         caller_frames(ctx, rec);
-        u32 nu = (u32)rec->user_len / 8;
-        if (nu > AIFLAME_MAX_STACK)
-            nu = AIFLAME_MAX_STACK;
-        walk_python(rec->data, &rec->py_count, &rec->py_flags, tgid, (u32)id, nu, target);
-        words = nu + 2 * rec->py_count;
     }
-    if (spec->flags & PROBE_OUT) {
-        u64 key = (id << 32) | probe;
-        u64 ptr = rec->args[spec->out_arg & 7];
-        call_outs.update(&key, &ptr);
-    }
-    if (words > AIFLAME_SAMPLE_WORDS)
-        words = AIFLAME_SAMPLE_WORDS;
-    u64 size = offsetof(struct call_rec, data) + (u64)words * 8;
-    if (size > sizeof(struct call_rec))
-        size = sizeof(struct call_rec);
-    if (spec->flags & PROBE_STOP) {
-        /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it */
-        if (events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP) != 0)
-            count(CNT_CALL_LOST);
-        else
-            bpf_send_signal(19);
+    return finish_call(ctx, rec, spec);
+}
+
+/* Tail-called from on_call: AIFLAME_UW_FRAMES more frames of the caller's stack, then again or call_finish. */
+int uw_call_step(struct pt_regs *ctx) {
+    u32 zero = 0;
+    struct call_rec *rec = call_scratch.lookup(&zero);
+    struct uw_state *st = uw_call_scratch.lookup(&zero);
+    if (!rec || !st)
         return 0;
-    }
-    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
-        count(CNT_CALL_LOST);
+    u32 tgid = rec->pid;
+    struct unwind_proc *up = unwind_procs.lookup(&tgid);
+    int done = up ? unwind_step(rec->data, up, st) : 1;
+    st->calls++;
+    if (!done && st->calls < AIFLAME_MAX_STACK / AIFLAME_UW_FRAMES + 2)
+        uw_call_progs.call(ctx, UW_PROG_STEP);
+    rec->user_len = st->n * 8;
+    uw_call_progs.call(ctx, UW_PROG_FINISH);
+    count(CNT_UW_TAILCALL_FAIL);
     return 0;
+}
+
+int call_finish(struct pt_regs *ctx) {
+    u32 zero = 0;
+    struct call_rec *rec = call_scratch.lookup(&zero);
+    if (!rec)
+        return 0;
+    u32 probe = rec->probe;
+    struct probe_spec *spec = probe_specs.lookup(&probe);
+    if (!spec)
+        return 0;
+    return finish_call(ctx, rec, spec);
 }
 
 int on_ret(struct pt_regs *ctx) {

@@ -162,8 +162,10 @@ def bpf_source(config: SamplerConfig) -> str:
     defines = "".join(
         "#define " + f[2:].replace("=", " ", 1) + "\n" for f in config.cflags() if f.startswith("-D")
     )
-    header = (BPF_DIR / "aiflame.h").read_text()
-    return defines + program_text(config).replace('#include "aiflame.h"', header)
+    text = program_text(config)
+    for name in ("aiflame.h", "unwind.h"):
+        text = text.replace(f'#include "{name}"', (BPF_DIR / name).read_text())
+    return defines + text
 
 
 _HEAD = struct.Struct("<IIQIIii16sIIII")  # sample_rec up to data[]
@@ -241,8 +243,9 @@ LAYOUT_MAPS = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_pro
                "unwind_proc": "layout_unwind_proc", "unwind_rule": "layout_unwind_rule"}
 PROBE_LAYOUT_MAPS = {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_rec": "layout_open",
                      "probe_spec": "layout_spec"}
-UNWIND_MAPS = ["unwind_rows", "unwind_rules", "unwind_procs", "uw_progs"]
-UW_PROGS = ("uw_step", "sample_finish")  # uw_progs[0], [1] (UW_PROG_STEP, UW_PROG_FINISH in cpu_sampler.bpf.c)
+UNWIND_MAPS = ["unwind_rows", "unwind_rules", "unwind_procs", "uw_progs", "uw_call_progs"]
+# The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record.
+UW_PROGS = {"uw_progs": ("uw_step", "sample_finish"), "uw_call_progs": ("uw_call_step", "call_finish")}
 MAPS = ["events", "targets", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
@@ -270,16 +273,19 @@ class CpuSampler:
         self.event_used = ""
 
     def start(self, pids: list[int]) -> None:
-        functions = {"on_sample": "perf_event"} | dict.fromkeys(UW_PROGS, "perf_event")
+        functions = {"on_sample": "perf_event"} | dict.fromkeys(UW_PROGS["uw_progs"], "perf_event")
         if self.config.probes:
-            functions |= {"on_call": "kprobe", "on_ret": "kprobe"}
+            functions |= {"on_call": "kprobe", "on_ret": "kprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
+                                                                                   "kprobe")
         try:
             self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS)
         except BpfLoadError as e:
             raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:
-            for i, prog in enumerate(UW_PROGS):
-                self._obj.maps["uw_progs"].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
+            for array, progs in UW_PROGS.items():
+                for i, prog in enumerate(progs):
+                    if array in self._obj.maps:
+                        self._obj.maps[array].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
             if self.config.cfi:
                 self._unwind = UnwindTables(self._obj)
             for pid in pids:

@@ -9,6 +9,8 @@ from typing import Any
 
 from aiflame.agent.kernel.records import CallRec, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RetRec, SampleRec
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig, bpf_source
+from aiflame.agent.kernel.unwind import MAX_MAPS, ROWS_EVICTED, STOP_REASONS, USED_FP, UnwindProc
+from aiflame.symbolize.objfmt import cfi
 
 
 def _layout(t: Any) -> list[tuple[str, int, int]]:
@@ -19,12 +21,16 @@ def test_c_and_python_layouts_agree() -> None:
     sampler = CpuSampler(SamplerConfig(probes=True), lambda s: None, lambda e: None)
     sampler.start([])
     mirrors = {"sample_rec": SampleRec, "proc_rec": ProcRec, "py_proc": PyProcRec, "call_rec": CallRec,
-               "ret_rec": RetRec, "open_rec": OpenRec, "probe_spec": ProbeSpecRec}
+               "ret_rec": RetRec, "open_rec": OpenRec, "probe_spec": ProbeSpecRec, "unwind_proc": UnwindProc,
+               "unwind_rule": cfi.RULE}
     try:
         layouts = sampler.layouts()
         assert layouts.keys() == mirrors.keys()
         for name, mirror in mirrors.items():
             fields, size = layouts[name]
+            if mirror is cfi.RULE:  # a struct.Struct: <BBxxii> is cfa_type, rbp_type, pad, cfa_off, rbp_off
+                assert [f[1:] for f in fields] == [(0, 1), (1, 1), (2, 2), (4, 4), (8, 4)] and size == cfi.RULE.size
+                continue
             assert fields == _layout(mirror), name
             assert size == ctypes.sizeof(mirror), name
     finally:
@@ -43,3 +49,17 @@ def test_target_flags_agree() -> None:
     text = bpf_source(SamplerConfig())
     defines = dict(re.findall(r"^#define (TARGET_\w+) (\d+)", text, re.M))
     assert defines == {"TARGET_ON": str(TARGET_ON), "TARGET_PY": str(TARGET_PY)}
+
+
+def test_unwind_constants_agree() -> None:
+    """bpf/unwind.h's rule kinds, stop reasons and sizes are the ones the CFI compiler and the loader use."""
+    text = bpf_source(SamplerConfig())
+    d = {k: int(v, 0) for k, v in re.findall(r"^#define (\w+) (0x[0-9a-f]+u?|\d+)u?\b", text, re.M)
+         if not v.endswith("u")} | {k: int(v.rstrip("u"), 0) for k, v in
+                                   re.findall(r"^#define (\w+) (0x[0-9a-f]+)u\b", text, re.M)}
+    kinds = {f"CFA_{name.upper()}": i for i, name in enumerate(cfi.CFA_KINDS)}
+    assert {k: d[k] for k in kinds} == kinds
+    assert (d["RBP_SAME"], d["RBP_AT_CFA"], d["RBP_INVALID"]) == (cfi.RBP_UNCHANGED, cfi.RBP_OFFSET, cfi.RBP_INVALID)
+    stops = {v: k for k, v in d.items() if k.startswith("UW_STOP_")}
+    assert set(stops) == set(STOP_REASONS)
+    assert d["UW_USED_FP"] == USED_FP and d["AIFLAME_UNWIND_MAPS"] == MAX_MAPS and d["UW_ROWS_EVICTED"] == ROWS_EVICTED
