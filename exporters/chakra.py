@@ -32,7 +32,7 @@ from typing import Any
 
 from aiflame.core.model import EventKind, Frame, FrameKind, Profile, TraceEvent
 
-from .base import ExportError
+from .base import Exporter, ExportError, NothingToExport, Output, write_atomic
 
 VERSION = "0.0.4"  # what ASTRA-sim's examples carry; no consumer checks it
 MIN_CPU_NS = 1000  # CPU intervals shorter than a microsecond are not worth a node
@@ -66,6 +66,10 @@ SYNC_COPIES = frozenset({"cudaMemcpy", "cudaMemset"})  # the host waits for thes
 
 class ChakraError(ExportError):
     """The capture cannot become a Chakra trace, or a `.et` file is malformed; one line."""
+
+
+class NoCommunication(ChakraError, NothingToExport):
+    """The capture has no collective, launch or copy: nothing for a trace."""
 
 
 @dataclass(slots=True)
@@ -393,7 +397,7 @@ def build_traces(prof: Profile) -> ChakraTraces:
     warnings: list[str] = []
     comm = [e for e in prof.events if e.kind in (EventKind.COLLECTIVE, EventKind.COMPUTE, EventKind.COPY)]
     if not comm:
-        raise ChakraError("no collectives, kernel launches or copies in this capture: nothing for a Chakra trace "
+        raise NoCommunication("no collectives, kernel launches or copies in this capture: nothing for a Chakra trace "
                           "(was it taken with --no-runtimes, or does the job use no probed runtime?)")
     pid_rank, world = assign_ranks(prof, warnings)
     events: dict[int, list[TraceEvent]] = defaultdict(list)
@@ -499,13 +503,7 @@ def write_traces(prof: Profile, prefix: Path) -> tuple[list[Path], ChakraTraces]
     written = []
     for r, trace in sorted(traces.ranks.items()):
         path = prefix.with_name(f"{prefix.name}.{r}.et")
-        data = encode_rank(trace, base)
-        try:
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)
-        except OSError as e:
-            raise ChakraError(f"cannot write {path}: {e.strerror or e}") from None
+        write_atomic(path, encode_rank(trace, base))
         written.append(path)
     return written, traces
 
@@ -513,3 +511,23 @@ def write_traces(prof: Profile, prefix: Path) -> tuple[list[Path], ChakraTraces]
 def node_types(nodes: Sequence[EtNode]) -> Counter[str]:
     """How many nodes of each type (for summaries)."""
     return Counter(NODE_TYPE_NAMES.get(n.type, str(n.type)) for n in nodes)
+
+
+class ChakraExporter(Exporter):
+    """Chakra execution traces of a capture's timed events: `write(profile, prefix)` writes `<prefix>.<rank>.et`
+    for every rank and keeps what could not be represented exactly in `warnings`."""
+
+    name = "chakra"
+    extension = ".et"
+    description = "Chakra execution traces for ASTRA-sim, one PREFIX.<rank>.et per rank"
+    writes_many = True
+    whole_capture = True
+
+    def render(self, profile: Profile) -> bytes:
+        raise ChakraError("chakra writes one file per rank: write() them under a prefix")
+
+    def write(self, profile: Profile, path: Path) -> list[Output]:
+        files, traces = write_traces(profile, path)
+        self.warnings = traces.warnings
+        return [Output(f, f"rank {rank}: " + ", ".join(f"{n} {k}" for k, n in sorted(node_types(t.nodes).items())))
+                for f, (rank, t) in zip(files, sorted(traces.ranks.items()), strict=True)]
