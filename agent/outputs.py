@@ -1,5 +1,6 @@
 """What a capture becomes next to it: its views (CPU samples, kernel launches, stall samples), each in the asked
-formats, and Chakra traces (one file per rank). `aiflame profile` and the daemon both write through here."""
+formats of the exporter registry; formats of the whole capture (Chakra, the comm plot) once, from its CPU view.
+`aiflame profile` and the daemon both write through here."""
 
 from __future__ import annotations
 
@@ -7,14 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiflame.core.model import EventKind, Profile
+from aiflame.core.model import Profile
 from aiflame.core.raw import Capture
-from aiflame.exporters import REGISTRY, get_exporter
-from aiflame.exporters.chakra import write_traces
+from aiflame.exporters import REGISTRY, NothingToExport, get_exporter
 from aiflame.symbolize.events import launch_profile
 
-CHAKRA = "chakra"  # several files (one per rank), so not an Exporter of the registry
-FORMATS = (*REGISTRY, CHAKRA)
+FORMATS = tuple(REGISTRY)
 
 
 @dataclass(frozen=True)
@@ -44,27 +43,21 @@ def capture_views(cap: Capture, prof: Profile, prefix: str = "profile") -> list[
 
 def write_views(views: Sequence[View], formats: Sequence[str], out_dir: Path,
                 svg_options: Callable[[View], dict[str, object]]) -> tuple[list[Path], list[str]]:
-    """Write every view in every format into `out_dir` (Chakra once, from the first view's events); returns the
-    files written and notes for the user (a format unknown here, Chakra warnings)."""
+    """Write every view in every format into `out_dir`, a whole-capture format once from the first view; returns
+    the files written and notes for the user (a format unknown here, what an exporter could not write)."""
     written: list[Path] = []
-    notes: list[str] = []
-    if CHAKRA in formats:
-        first = views[0]
-        if any(e.kind != EventKind.OTHER for e in first.profile.events):
-            files, traces = write_traces(first.profile, out_dir / first.prefix)
-            written += files
-            notes += [f"chakra: {w}" for w in traces.warnings]
-        else:
-            notes.append("chakra: no collectives, launches or copies in this capture, so no traces")
+    notes = [f"the {name} exporter is not available in this build" for name in formats if name not in REGISTRY]
+    known = [REGISTRY[name] for name in formats if name in REGISTRY]
+    first = views[0]
+    for cls in (c for c in known if c.whole_capture):
+        exporter = get_exporter(cls.name)
+        try:
+            written += [o.path for o in exporter.write(first.profile, cls.output_path(out_dir / first.prefix))]
+        except NothingToExport as e:
+            notes.append(f"{cls.name}: {e}")
+        notes += [f"{cls.name}: {w}" for w in exporter.warnings]
     for view in views:
-        for name in formats:
-            if name == CHAKRA:
-                continue
-            if name not in REGISTRY:
-                notes.append(f"the {name} exporter is not available in this build")
-                continue
-            exporter = get_exporter(name, **(svg_options(view) if name == "svg" else {}))
-            path = out_dir / f"{view.prefix}{exporter.extension}"
-            exporter.write(view.profile, path)
-            written.append(path)
+        for cls in (c for c in known if not c.whole_capture):
+            exporter = get_exporter(cls.name, **(svg_options(view) if cls.name == "svg" else {}))
+            written += [o.path for o in exporter.write(view.profile, cls.output_path(out_dir / view.prefix))]
     return written, notes

@@ -75,7 +75,7 @@ def main() -> int:
     (tmp / "c.toml").write_text(f'[watch]\nnames = ["aiflame_spin2"]\n'
                                 f'[output]\ndir = "{tmp}/out"\n[control]\nsocket = "{tmp}/s.sock"\n')
     log = open(tmp / "daemon.log", "wb")
-    d = subprocess.Popen([sys.executable, "-m", "aiflame.cli.daemon_cmd", "agent", "--config", str(tmp / "c.toml")],
+    d = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config", str(tmp / "c.toml")],
                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     ratios = []
     try:

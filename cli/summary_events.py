@@ -4,25 +4,15 @@ copies by direction, sync time, and collectives per rank."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TypeVar
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from aiflame.core.model import EventKind, FrameKind, Profile, Stack, TraceEvent
+from aiflame.exporters.event_totals import event_totals, human_bytes
 
 _SKIP = (FrameKind.PROCESS, FrameKind.SEPARATOR)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _ms(ns: int) -> str:
@@ -37,35 +27,6 @@ def _stack_text(stack: Stack, width: int = 110) -> str:
 
 def _rank_label(ev: TraceEvent) -> str:
     return f"rank {ev.rank}" if ev.rank >= 0 else f"pid {ev.pid}"
-
-
-@dataclass
-class Totals:
-    """Events of one kind summed: calls, bytes, time, and the largest of each."""
-
-    calls: int = 0
-    bytes: int = 0
-    ns: int = 0
-    max_ns: int = 0
-    max_bytes: int = 0
-
-
-K = TypeVar("K")
-
-
-def event_totals(items: Iterable[tuple[K, TraceEvent]]) -> dict[K, Totals]:
-    """Totals per key; bytes from args["bytes"] (0 when absent or not a number)."""
-    out: dict[K, Totals] = defaultdict(Totals)
-    for key, e in items:
-        nbytes = e.args.get("bytes", 0)
-        n = int(nbytes) if isinstance(nbytes, int | float) else 0
-        x = out[key]
-        x.calls += 1
-        x.bytes += n
-        x.max_bytes = max(x.max_bytes, n)
-        x.ns += e.duration_ns
-        x.max_ns = max(x.max_ns, e.duration_ns)
-    return dict(out)
 
 
 def _table(title: str, left: tuple[str, ...], right: tuple[str, ...]) -> Table:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Exporter, ExportError, Option, frame_label
+from .base import Exporter, ExportError, NothingToExport, Option, Output, frame_label
+from .chakra import ChakraExporter
+from .comm_plot import CommPlotExporter
 from .folded import FoldedExporter
 from .pprof import PprofExporter
 from .speedscope import SpeedscopeExporter
@@ -14,7 +16,9 @@ __all__ = [
     "REGISTRY",
     "ExportError",
     "Exporter",
+    "NothingToExport",
     "Option",
+    "Output",
     "frame_label",
     "get_exporter",
     "parse_option_values",
@@ -27,6 +31,8 @@ REGISTRY: dict[str, type[Exporter]] = {
         SvgExporter,
         SpeedscopeExporter,
         PprofExporter,
+        ChakraExporter,
+        CommPlotExporter,
     )
 }
 

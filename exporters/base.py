@@ -1,7 +1,8 @@
 """What every exporter shares: the `Exporter` interface, its options, errors, and frame labels.
 
 An exporter is a small class: options go to its constructor, `render()` turns a `Profile` into bytes and
-`write()` puts those bytes on disk atomically. The registry in `aiflame.exporters` maps format names to
+`write()` puts those bytes on disk atomically and says what it wrote. An exporter of several files (Chakra: one
+per rank) takes a path prefix and overrides `write()`. The registry in `aiflame.exporters` maps format names to
 exporter classes.
 """
 
@@ -11,6 +12,7 @@ import abc
 import builtins
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -18,11 +20,26 @@ from typing import ClassVar
 from aiflame.core.errors import BadInput
 from aiflame.core.model import Frame, FrameKind, Profile, Stack
 
-__all__ = ["ExportError", "Exporter", "Option", "StackLabeler", "frame_label", "sanitize_label"]
+__all__ = [
+    "ExportError",
+    "Exporter",
+    "NothingToExport",
+    "Option",
+    "Output",
+    "StackLabeler",
+    "frame_label",
+    "sanitize_label",
+    "write_atomic",
+]
 
 
 class ExportError(BadInput):
     """A problem the user can fix (bad option, malformed input file); the message is one line."""
+
+
+class NothingToExport(ExportError):
+    """The profile holds nothing this format writes (Chakra without timed events): an error when the format was
+    asked for alone, a note when it is one of several written next to a capture."""
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -68,35 +85,63 @@ class Option:
         return value
 
 
+@dataclass(frozen=True)
+class Output:
+    """One file an exporter wrote, and what it holds in a few words (for the "wrote" line)."""
+
+    path: Path
+    summary: str
+
+
 class Exporter(abc.ABC):
-    """Turns a Profile into one output file. Subclasses take their `options` as constructor keywords."""
+    """Turns a Profile into output files. Subclasses take their `options` as constructor keywords."""
 
     name: ClassVar[str]
     extension: ClassVar[str]  # including the dot, e.g. ".folded"
     description: ClassVar[str]
     options: ClassVar[tuple[Option, ...]] = ()
+    # `write` takes a prefix and writes several files, PREFIX.<part><extension> (Chakra: one per rank).
+    writes_many: ClassVar[bool] = False
+    # Reads the capture's timed events, not a stack view: written once per capture (from its CPU view).
+    whole_capture: ClassVar[bool] = False
+    # What the last `write` could not represent exactly, one line each.
+    warnings: Sequence[str] = ()
 
     @abc.abstractmethod
     def render(self, profile: Profile) -> bytes:
         """The complete file contents for `profile`."""
 
-    def write(self, profile: Profile, path: Path) -> None:
-        """Render `profile` and write it to `path` atomically (a temporary file renamed into place)."""
-        data = self.render(profile)
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    def summary(self, profile: Profile) -> str:
+        """What the file of `profile` holds, in a few words."""
+        return f"{profile.total_weight} samples"
+
+    @classmethod
+    def output_path(cls, stem: Path) -> Path:
+        """Where this format goes by default for a file stem (`out/profile`): the stem plus the extension, or the
+        stem itself as the prefix of an exporter that writes several files."""
+        return stem if cls.writes_many else stem.with_name(stem.name + cls.extension)
+
+    def write(self, profile: Profile, path: Path) -> list[Output]:
+        """Render `profile` and write it to `path` atomically; the file written."""
+        write_atomic(Path(path), self.render(profile))
+        return [Output(Path(path), self.summary(profile))]
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file renamed into place; ExportError when it cannot."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        # os.open rather than mkstemp: the result should get normal (umask) permissions, not 0600.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            # os.open rather than mkstemp: the result should get normal (umask) permissions, not 0600.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-        except OSError as e:
-            raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
 
 
 # Characters that end a line for str.splitlines(); any of them would split a folded line in some reader.

@@ -12,7 +12,6 @@ import gzip
 
 from aiflame.core.model import Frame, FrameKind, Profile
 
-from . import pprof_pb2 as pb
 from .base import Exporter, frame_label
 
 __all__ = ["PprofExporter"]
@@ -44,6 +43,8 @@ class PprofExporter(Exporter):
     options = ()
 
     def render(self, profile: Profile) -> bytes:
+        from . import pprof_pb2 as pb  # protobuf's runtime costs every command start-up a few tens of ms
+
         strings = _Strings()
         out = pb.Profile()
         unit = _unit_name(profile.unit)

@@ -34,8 +34,9 @@ from aiflame.core.model import FrameKind, Profile
 
 from .base import Exporter, ExportError, Option, StackLabeler
 
-__all__ = ["SvgExporter"]
+__all__ = ["ALERT_COLOUR", "FONT_FAMILY", "FONT_SIZE", "SERIES_COLOURS", "SvgExporter", "svg_open", "xml_text"]
 
+FONT_FAMILY = "Verdana, sans-serif"
 FONT_SIZE = 12
 FONT_WIDTH = 0.59  # average glyph width in ems, for truncating labels to fit
 FRAME_HEIGHT = 16
@@ -44,6 +45,10 @@ TITLE_PAD = 36
 SUBTITLE_PAD = 18
 BOTTOM_PAD = 2 * FONT_SIZE + 10  # details line
 MATCH_COLOUR = "rgb(230,0,230)"
+# Categorical colours for series told apart by colour alone (the ranks of the comm plot), and the outline of a
+# series that stands out.
+SERIES_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#bab0ac")
+ALERT_COLOUR = "#d62728"
 
 # (red, green, blue) ranges; each channel moves with a different byte of the label's hash.
 _Range = tuple[int, int]
@@ -73,8 +78,15 @@ def _script() -> str:
     return Path(__file__).with_name("flamegraph.js").read_text(encoding="utf-8")
 
 
-def _xml(text: str) -> str:
+def xml_text(text: str) -> str:
+    """`text` escaped for an SVG attribute or element; characters XML cannot carry become U+FFFD."""
     return escape(_XML_INVALID.sub("\ufffd", text), quote=True)
+
+
+def svg_open(width: int, height: int) -> str:
+    """The start tag of a standalone SVG document of `width` x `height` pixels, with its newline."""
+    return (f'<svg version="1.1" width="{width}" height="{height}" viewBox="0 0 {width} {height}"'
+            ' xmlns="http://www.w3.org/2000/svg">\n')
 
 
 def _colour(kind: FrameKind | None, label: str) -> str:
@@ -255,13 +267,13 @@ class SvgExporter(Exporter):
             maxabs = max((abs(d) for d in deltas), default=0.0)
         out.append('<g id="frames">\n')
         escaped: dict[str, str] = {}
-        unit_xml = _xml(unit)
+        unit_xml = xml_text(unit)
         colours: dict[tuple[FrameKind | None, str], str] = {}
         for n, p in enumerate(placed):
             label = p.label
             esc = escaped.get(label)
             if esc is None:
-                esc = escaped[label] = _xml(label)
+                esc = escaped[label] = xml_text(label)
             extra = ""
             if before is not None:
                 colour = _diff_colour(deltas[n], maxabs)
@@ -275,7 +287,7 @@ class SvgExporter(Exporter):
                 y = height - BOTTOM_PAD - (p.depth + 1) * FRAME_HEIGHT
             kind = "root" if p.kind is None else p.kind.name.lower()
             shown = _fit_text(label, p.width)
-            shown = esc if shown == label else _xml(shown)
+            shown = esc if shown == label else xml_text(shown)
             pct = 100 * p.weight / total
             change = f"; {deltas[n]:+.0f} vs baseline" if before is not None else ""
             out.append(
@@ -309,13 +321,12 @@ class SvgExporter(Exporter):
         w = self.width
         parts = [
             '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n',
-            f'<svg version="1.1" width="{w}" height="{height}" viewBox="0 0 {w} {height}"'
-            ' xmlns="http://www.w3.org/2000/svg">\n',
+            svg_open(w, height),
             "<defs><linearGradient id=\"background\" x1=\"0\" y1=\"0\" x2=\"0\" y2=\"1\">"
             '<stop stop-color="#eeeeee" offset="5%"/><stop stop-color="#eeeeb0" offset="95%"/>'
             "</linearGradient></defs>\n",
             "<style><![CDATA[\n"
-            f"text {{ font-family: Verdana, sans-serif; font-size: {FONT_SIZE}px; fill: rgb(0,0,0); }}\n"
+            f"text {{ font-family: {FONT_FAMILY}; font-size: {FONT_SIZE}px; fill: rgb(0,0,0); }}\n"
             "#title { text-anchor: middle; font-size: 17px; }\n"
             "#subtitle { text-anchor: middle; fill: rgb(110,110,110); }\n"
             "#matched { text-anchor: end; }\n"
@@ -331,12 +342,12 @@ class SvgExporter(Exporter):
             ".hide { display: none; }\n"
             "]]></style>\n",
             f'<rect x="0" y="0" width="{w}" height="{height}" fill="url(#background)"/>\n',
-            f'<text id="title" x="{w / 2:.1f}" y="{2 * FONT_SIZE}">{_xml(self.title)}</text>\n',
+            f'<text id="title" x="{w / 2:.1f}" y="{2 * FONT_SIZE}">{xml_text(self.title)}</text>\n',
         ]
         if self.subtitle:
             parts.append(
                 f'<text id="subtitle" x="{w / 2:.1f}" y="{2 * FONT_SIZE + SUBTITLE_PAD}">'
-                f"{_xml(self.subtitle)}</text>\n"
+                f"{xml_text(self.subtitle)}</text>\n"
             )
         bottom_y = height - FONT_SIZE
         parts += [
@@ -353,12 +364,11 @@ class SvgExporter(Exporter):
         height = top + 3 * FRAME_HEIGHT + BOTTOM_PAD
         return (
             '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
-            f'<svg version="1.1" width="{w}" height="{height}" viewBox="0 0 {w} {height}"'
-            ' xmlns="http://www.w3.org/2000/svg">\n'
-            f'<rect x="0" y="0" width="{w}" height="{height}" fill="rgb(238,238,238)"/>\n'
+            + svg_open(w, height)
+            + f'<rect x="0" y="0" width="{w}" height="{height}" fill="rgb(238,238,238)"/>\n'
             f'<text id="title" x="{w / 2:.1f}" y="{2 * FONT_SIZE}" text-anchor="middle"'
-            f' font-family="Verdana, sans-serif" font-size="17">{_xml(self.title)}</text>\n'
+            f' font-family="{FONT_FAMILY}" font-size="17">{xml_text(self.title)}</text>\n'
             f'<text id="nosamples" x="{w / 2:.1f}" y="{top + 2 * FRAME_HEIGHT}" text-anchor="middle"'
-            f' font-family="Verdana, sans-serif" font-size="{FONT_SIZE}">No samples</text>\n'
+            f' font-family="{FONT_FAMILY}" font-size="{FONT_SIZE}">No samples</text>\n'
             "</svg>\n"
         )

@@ -25,7 +25,9 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], pattern: str) -> Non
 
 
 def test_no_such_pid(tmp_path: Path) -> None:
-    _one_line_error(aiflame("profile", "-p", "999999", "-o", str(tmp_path), check=False), "no such process: 999999")
+    proc = aiflame("profile", "-p", "999999", "-o", str(tmp_path), check=False)
+    _one_line_error(proc, "no such process: 999999")
+    assert proc.returncode == 4  # TargetGone
 
 
 def test_command_not_found(tmp_path: Path) -> None:
@@ -41,11 +43,15 @@ def test_output_dir_not_writable(tmp_path: Path, examples: Path) -> None:
 
 
 def test_pid_and_command_together(tmp_path: Path) -> None:
-    _one_line_error(aiflame("profile", "-p", "1", "--", "true", check=False), "not both")
+    proc = aiflame("profile", "-p", "1", "--", "true", check=False)
+    _one_line_error(proc, "not both")
+    assert proc.returncode == 2
 
 
 def test_nothing_to_profile() -> None:
-    _one_line_error(aiflame("profile", check=False), "nothing to profile")
+    proc = aiflame("profile", check=False)
+    _one_line_error(proc, "nothing to profile")
+    assert proc.returncode == 2
 
 
 def test_not_root(tmp_path: Path, examples: Path) -> None:
@@ -60,6 +66,7 @@ def test_not_root(tmp_path: Path, examples: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)},
     )
     _one_line_error(proc, "must run as root")
+    assert proc.returncode == 3  # HostError
 
 
 def test_pid_exits_before_attach(tmp_path: Path) -> None:
@@ -83,7 +90,7 @@ def test_bpf_compile_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(sampler, "program_text", lambda _config: "int broken( {")
     rc = main(["profile", "-q", "-o", str(tmp_path), "--", "true"])
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 3  # a SamplerError: the host cannot run the BPF program (HostError)
     assert "cannot load the BPF sampler" in err and "Traceback" not in err
 
 

@@ -71,7 +71,7 @@ class Daemon:
         """))
         self.log = tmp / "daemon.log"
         self._log_f = open(self.log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "aiflame.cli.daemon_cmd", "agent", "--config",
+        self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config",
                                       str(self.config)], cwd=REPO, stdout=self._log_f, stderr=subprocess.STDOUT)
         self.wait_log("INFO started", 120)
 
@@ -89,7 +89,7 @@ class Daemon:
         pytest.fail(f"no {needle!r} in the daemon log after {timeout} s:\n{self.text()}")
 
     def client(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "aiflame.cli.daemon_cmd", *args, "--socket", str(self.sock)],
+        return subprocess.run([sys.executable, "-m", "aiflame", *args, "--socket", str(self.sock)],
                               cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
     def windows(self) -> list[Path]:
@@ -204,7 +204,7 @@ def _as_nobody(sock: Path) -> subprocess.CompletedProcess[str]:
         os.setgid(65534)
         os.setuid(65534)
 
-    return subprocess.run([sys.executable, "-m", "aiflame.cli.daemon_cmd", "status", "--socket", str(sock)],
+    return subprocess.run([sys.executable, "-m", "aiflame", "status", "--socket", str(sock)],
                           cwd=REPO, capture_output=True, text=True, timeout=30, preexec_fn=drop)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aiflame.cli.import_cmd import import_records
+from aiflame.agent.stall_import import import_records
 from aiflame.cli.summary import print_summary
 from aiflame.core.capture import read_capture, write_capture
 from aiflame.core.raw import RawStallSample

@@ -13,15 +13,8 @@ from hypothesis import strategies as st
 
 from aiflame.agent.rank_env import parse_environ
 from aiflame.core.model import EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
-from aiflame.exporters.chakra import (
-    DECOMPOSED_TAG,
-    P2P_TAG,
-    ChakraError,
-    build_traces,
-    decode_et,
-    encode_rank,
-    write_traces,
-)
+from aiflame.exporters.chakra import decode_et, encode_rank, write_traces
+from aiflame.exporters.chakra_nodes import DECOMPOSED_TAG, P2P_TAG, ChakraError, build_traces
 from tests.unit.test_chakra_replay import attrs, check_trace, load, pb, replay
 
 MAIN = Frame("train_step", FrameKind.PYTHON, file="train.py", line=3)

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import inspect
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from aiflame.core.model import Frame, FrameKind, Profile, Sample
-from aiflame.exporters import REGISTRY, Exporter, ExportError, Option, get_exporter, parse_option_values
+from aiflame.exporters import (
+    REGISTRY,
+    Exporter,
+    ExportError,
+    NothingToExport,
+    Option,
+    Output,
+    get_exporter,
+    parse_option_values,
+)
+from aiflame.exporters.chakra import ChakraError, ChakraExporter, write_traces
+from aiflame.exporters.comm_plot import CommPlotExporter, comm_totals, imbalance, plot_svg
 from aiflame.exporters.folded import FoldedExporter
 from aiflame.exporters.speedscope import SpeedscopeExporter
 from aiflame.exporters.svg import SvgExporter
+from tests.unit.test_chakra import gloo_job
 
 PROFILE = Profile(
     samples=[
@@ -22,10 +35,12 @@ PROFILE = Profile(
 
 
 def test_registry_holds_the_formats() -> None:
-    assert {"folded", "svg", "speedscope"} <= set(REGISTRY)
+    assert {"folded", "svg", "speedscope", "pprof", "chakra", "comm-svg"} <= set(REGISTRY)
     assert REGISTRY["folded"] is FoldedExporter
     assert REGISTRY["svg"] is SvgExporter
     assert REGISTRY["speedscope"] is SpeedscopeExporter
+    assert REGISTRY["chakra"] is ChakraExporter
+    assert REGISTRY["comm-svg"] is CommPlotExporter
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -47,17 +62,63 @@ def test_exporter_declarations_are_consistent(name: str) -> None:
         assert opt.help
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(n for n, cls in REGISTRY.items() if not cls.writes_many))
 def test_every_exporter_renders_and_writes(name: str, tmp_path: Path) -> None:
     exporter = get_exporter(name)
     assert isinstance(exporter, Exporter)
     data = exporter.render(PROFILE)
     assert data
-    path = tmp_path / f"out{exporter.extension}"
-    exporter.write(PROFILE, path)
+    path = exporter.output_path(tmp_path / "out")
+    assert path == tmp_path / f"out{exporter.extension}"
+    assert exporter.write(PROFILE, path) == [Output(path, exporter.summary(PROFILE))]
     assert path.read_bytes() == data
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
     exporter.render(Profile())  # an empty profile is not an error
+
+
+def test_chakra_through_the_registry(tmp_path: Path) -> None:
+    """One file per rank under a prefix, the same bytes as write_traces, a summary of node types per file."""
+    exporter = get_exporter("chakra")
+    assert exporter.writes_many and exporter.whole_capture
+    prefix = exporter.output_path(tmp_path / "job")
+    assert prefix == tmp_path / "job"
+    written = exporter.write(gloo_job(), prefix)
+    assert [o.path.name for o in written] == ["job.0.et", "job.1.et"]
+    assert all(o.summary.startswith(f"rank {r}: ") and "COMM_COLL" in o.summary for r, o in enumerate(written))
+    files, _ = write_traces(gloo_job(), tmp_path / "direct")
+    assert [f.read_bytes() for f in files] == [o.path.read_bytes() for o in written]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["job.0.et", "job.1.et", *(f.name for f in files)])
+    with pytest.raises(ChakraError, match="one file per rank"):
+        exporter.render(gloo_job())
+    with pytest.raises(NothingToExport, match="nothing for a Chakra trace"):
+        exporter.write(PROFILE, tmp_path / "none")
+
+
+def test_comm_plot_through_the_registry(tmp_path: Path) -> None:
+    """The comm plot is an exporter like the others: options, default path, the report's plot byte for byte."""
+    exporter = get_exporter("comm-svg", **parse_option_values(CommPlotExporter, ["title=job", "threshold=0.1"]))
+    assert exporter.whole_capture and not exporter.writes_many
+    path = exporter.output_path(tmp_path / "profile")
+    assert path.name == "profile.comm.svg"
+    [out] = exporter.write(gloo_job(), path)
+    assert out == Output(path, "8 collectives on 2 ranks")
+    totals = comm_totals(gloo_job())
+    assert path.read_text() == plot_svg(totals, imbalance(totals, 0.1), "job")
+    svg = path.read_text()
+    assert svg.startswith("<svg") and 'font-family: Verdana, sans-serif' in svg and "<title>job" not in svg
+    assert svg.count('stroke="#d62728"') == 6
+    ET.fromstring(svg)  # well-formed
+    with pytest.raises(ExportError, match="option threshold"):
+        get_exporter("comm-svg", threshold=-1.0)
+
+
+def test_comm_plot_escapes_names() -> None:
+    prof = gloo_job()
+    for e in prof.events:
+        e.name = "all<reduce>&\x01"
+    root = ET.fromstring(CommPlotExporter(title="a<b").render(prof))
+    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "a<b" in texts and "all<reduce>&\ufffd" in texts
 
 
 def test_unknown_format_lists_the_valid_ones() -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from aiflame.core.model import Profile
 from aiflame.exporters import get_exporter
-from aiflame.exporters.chakra import build_traces, node_types
+from aiflame.exporters.chakra_nodes import build_traces, node_types
 from aiflame.exporters.obfuscate import ObfuscateError, Obfuscator, load_key, parse_key
 from tests.unit.test_chakra import gloo_job
 

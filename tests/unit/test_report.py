@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aiflame.cli.report_cmd import ReportError, comm_totals, imbalance, plot_svg, report_comm
+from aiflame.cli.commands.report import ReportError, report_comm
 from aiflame.core.model import Profile
+from aiflame.exporters.comm_plot import comm_totals, imbalance, plot_svg
 from tests.unit.test_chakra import ev, gloo_job
 
 

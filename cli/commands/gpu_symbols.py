@@ -1,28 +1,23 @@
 """`aiflame gpu-symbols`: list the GPU kernels of a binary, or show the SASS and source line at a kernel offset.
-
-Only wiring: the work is in symbolize/gpu_symbols.py. `add_parser` registers the subcommand; `run` executes it.
-"""
+The work is in symbolize/accel/gpu_symbols.py."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
-from aiflame.symbolize.accel.gpu_symbols import (
-    GpuSymbolsError,
-    Instruction,
-    Inventory,
-    inventory,
-    lookup_instruction,
-    parse_arch,
-)
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.cli.commands import UsageError
 
-__all__ = ["add_parser", "run"]
+if TYPE_CHECKING:
+    from aiflame.symbolize.accel.gpu_symbols import Instruction, Inventory
 
+NAME = "gpu-symbols"
+HELP = "list GPU kernels of a binary, or show SASS and file:line at a kernel offset"
+DESCRIPTION = ("GPU kernels in a host binary (its .nv_fatbin), a fatbin or a cubin, per architecture; with "
+               "--kernel and --offset, the instruction (when nvdisasm is installed) and its source line.")
 EXAMPLES = """examples:
   aiflame gpu-symbols ./train                          kernels per GPU architecture, with sizes
   aiflame gpu-symbols libnccl.so.2 | grep AllReduce    find a kernel's exact name
@@ -30,6 +25,7 @@ EXAMPLES = """examples:
                                                        SASS instruction and file:line at scale+0x40
   aiflame gpu-symbols k.cubin --kernel _Z5scalePffi --offset 0x1f0 --arch sm_90
 """
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
 
 
 def _offset(text: str) -> int:
@@ -43,22 +39,15 @@ def _offset(text: str) -> int:
 
 
 def _arch(text: str) -> int:
+    from aiflame.symbolize.accel.gpu_symbols import GpuSymbolsError, parse_arch
+
     try:
         return parse_arch(text)
     except GpuSymbolsError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_parser(subparsers: Any) -> None:
-    """Register `gpu-symbols` on the `add_subparsers()` object of the aiflame parser."""
-    p = subparsers.add_parser(
-        "gpu-symbols",
-        help="list GPU kernels of a binary, or show SASS and file:line at a kernel offset",
-        description="GPU kernels in a host binary (its .nv_fatbin), a fatbin or a cubin, per architecture; "
-        "with --kernel and --offset, the instruction (when nvdisasm is installed) and its source line.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("binary", metavar="BINARY", help="host ELF with CUDA device code, a .fatbin or a .cubin file")
     q = p.add_argument_group("look up one instruction")
     q.add_argument("--kernel", metavar="NAME", help="kernel name: mangled, demangled, or a unique part of it")
@@ -68,25 +57,22 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Execute the parsed `gpu-symbols` command; 0 on success, 1 on an error (printed as one line), 2 on misuse."""
-    console = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    from aiflame.symbolize.accel.gpu_symbols import inventory, lookup_instruction
+
     if (args.kernel is None) != (args.offset is None):
-        err.print("[bold red]aiflame: error:[/] --kernel and --offset go together")
-        return 2
-    try:
-        if args.kernel is None:
-            _print_inventory(console, inventory(args.binary), args.arch)
-        else:
-            found = lookup_instruction(args.binary, args.kernel, args.offset, arch=args.arch, sass=not args.no_sass)
-            _print_instructions(console, found)
-    except SymbolizeError as e:
-        err.print(f"[bold red]aiflame: error:[/] {escape(str(e))}")
-        return 1
+        raise UsageError("--kernel and --offset go together")
+    console = Console(highlight=False, soft_wrap=True)
+    if args.kernel is None:
+        _print_inventory(console, inventory(args.binary), args.arch)
+    else:
+        found = lookup_instruction(args.binary, args.kernel, args.offset, arch=args.arch, sass=not args.no_sass)
+        _print_instructions(console, found)
     return 0
 
 
 def _print_inventory(console: Console, inv: Inventory, arch: int | None) -> None:
+    from aiflame.symbolize.accel.gpu_symbols import GpuSymbolsError
+
     cubins = [c for c in inv.cubins if arch is None or c.arch == arch]
     if arch is not None and not cubins:
         present = ", ".join(f"sm_{a}" for a in inv.archs) or "none"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 from collections.abc import Callable
@@ -9,6 +10,22 @@ from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
+
+from aiflame.core.errors import HostError
+
+NAME = "doctor"
+HELP = "check what this host supports and what to fix"
+DESCRIPTION = ""
+EXAMPLES = ""
+__all__ = ["CHECKS", "DESCRIPTION", "EXAMPLES", "HELP", "NAME", "Check", "add_arguments", "run", "run_checks"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """No arguments."""
+
+
+def run(args: argparse.Namespace) -> int:
+    return doctor(Console())
 
 
 @dataclass
@@ -93,7 +110,7 @@ def run_checks() -> list[Check]:
 
 
 def doctor(console: Console) -> int:
-    """Print every check; exit status 0 when all required ones pass, 1 otherwise."""
+    """Print every check; exit status 0 when all required ones pass, else 3 (the host is not set up)."""
     checks = run_checks()
     table = Table(title="aiflame doctor", title_justify="left")
     table.add_column("check")
@@ -107,6 +124,6 @@ def doctor(console: Console) -> int:
     bad = [c.name for c in checks if c.required and not c.ok]
     if bad:
         console.print(f"[red]not ready:[/] {', '.join(bad)}")
-        return 1
+        return HostError.exit_code
     console.print("[green]ready to profile[/]")
     return 0

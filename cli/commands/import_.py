@@ -1,0 +1,66 @@
+"""`aiflame import`: merge accelerator stall records saved elsewhere into a capture (agent/stall_import.py), so a
+GPU host's samples are joined offline with the launch stacks the capture holds. (`import_`: `import` is a Python
+keyword.)"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from aiflame.agent.stall_import import FORMATS, LAYOUTS
+
+NAME = "import"
+HELP = "merge accelerator stall records (Xe EU stall, rocprofiler PC sampling, another capture) into a capture"
+DESCRIPTION = ("Add stall samples recorded elsewhere to a capture; `aiflame export --view stalls` then attributes "
+               "them to the capture's launch stacks.")
+EXAMPLES = """examples:
+  aiflame import out/profile.aiflame gpu0.eustall --format xe --platform xe2 --pid 4242
+  aiflame import out/profile.aiflame pc.bin --format rocprof --code-object 1=kernels.hsaco -o merged.aiflame
+  aiflame import out/profile.aiflame gpuhost/profile.aiflame --format capture
+"""
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
+
+
+def _code_object(text: str) -> tuple[int, Path]:
+    ident, sep, path = text.partition("=")
+    try:
+        value = int(ident, 0)
+    except ValueError:
+        value = -1
+    if not sep or value < 0 or not path:
+        raise argparse.ArgumentTypeError(f"expected ID=PATH (e.g. 1=kernels.hsaco), got {text!r}")
+    return value, Path(path)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("capture", type=Path, help="the .aiflame capture to add to")
+    p.add_argument("records", type=Path, nargs="+", help="files of vendor records (or captures)")
+    p.add_argument("-f", "--format", choices=FORMATS, required=True,
+                   help="xe: raw EU stall records; rocprof: rocprofiler-sdk PC-sampling records; "
+                        "capture: the stall samples and GPU code of another aiflame capture")
+    p.add_argument("-o", "--output", type=Path, help="write the merged capture here (default: replace CAPTURE)")
+    p.add_argument("--platform", choices=sorted(LAYOUTS), help="Xe record layout (xe format)")
+    p.add_argument("--record-size", type=int, default=64, help="Xe record size in bytes (default 64)")
+    p.add_argument("--pid", type=int, default=0, help="the process the samples belong to (default: unknown)")
+    p.add_argument("--device", type=int, default=-1, help="device ordinal of the samples")
+    p.add_argument("--code-object", type=_code_object, action="append", default=[], metavar="ID=PATH",
+                   help="rocprof: the code object (ELF) loaded with this id; repeatable")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiflame.agent.stall_import import import_records
+
+    res = import_records(args.capture, args.records, args.format, output=args.output, platform=args.platform,
+                         record_size=args.record_size, pid=args.pid, device=args.device,
+                         code_objects=args.code_object)
+    console = Console(highlight=False, soft_wrap=True)
+    out = args.output or args.capture
+    drops = "  ".join(f"{k} {v}" for k, v in sorted(res.counters.items()))
+    console.print(f"imported {res.stall_samples} stall samples ({res.samples} records after merging"
+                  f"{f', {res.gpu_code} code objects' if res.gpu_code else ''}) into {escape(str(out))}")
+    if drops:
+        console.print(f"counters: {escape(drops)}")
+    return 0

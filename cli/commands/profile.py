@@ -1,0 +1,171 @@
+"""`aiflame profile`: capture a process or a command (agent/session.py), write the asked formats of every view
+next to the capture (agent/outputs.py), and print the summary."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from aiflame.cli import argtypes
+from aiflame.cli.commands import EXAMPLES, UsageError, warn
+from aiflame.cli.stack_view import add_view_options, stack_options
+from aiflame.exporters import REGISTRY
+
+if TYPE_CHECKING:
+    from aiflame.agent.outputs import View
+    from aiflame.agent.session import SessionStats
+
+NAME = "profile"
+HELP = "capture CPU stacks of a process or a command"
+DESCRIPTION = ""
+USAGE = "aiflame profile [options] (--pid PID | -- CMD [ARGS...])"
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.usage = USAGE
+    tgt = p.add_argument_group("target")
+    tgt.add_argument("-p", "--pid", type=int, help="profile this running process and all its threads")
+    tgt.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: start CMD and follow its children")
+    smp = p.add_argument_group("sampling")
+    smp.add_argument("-d", "--duration", type=argtypes.positive_float,
+                     help="seconds to capture (default: until exit/Ctrl-C)")
+    smp.add_argument("-F", "--frequency", type=argtypes.frequency, default=99, help="samples per second per CPU (99)")
+    smp.add_argument("--event", choices=("auto", "cpu-clock", "cycles"), default="cpu-clock",
+                     help="perf event to sample on: cpu-clock (default), cycles, or auto (cycles if the PMU has it)")
+    out = p.add_argument_group("output")
+    out.add_argument("-o", "--output", type=Path, help="output directory (default ./aiflame-YYYYmmdd-HHMMSS)")
+    out.add_argument("--formats", default="folded,svg",
+                     help=f"exports written next to the capture, comma-separated (default folded,svg; "
+                          f"known: {', '.join(REGISTRY)})")
+    out.add_argument("--title", help="flame graph title")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress line or summary")
+    out.add_argument("--print-bpf", action="store_true", help="print the BPF program as compiled and exit")
+    rt = p.add_argument_group("accelerator runtimes")
+    rt.add_argument("--no-runtimes", action="store_true",
+                    help="do not probe CUDA, NCCL, gloo or Level Zero calls (CPU sampling only)")
+    gs = p.add_argument_group("accelerator stall samples (NVIDIA CUPTI in targets started with -- CMD; Intel xe)")
+    gs.add_argument("--no-gpu-samples", action="store_true",
+                    help="do not load the CUPTI PC-sampling collector into the command, nor open Xe EU stall streams")
+    gs.add_argument("--gpu-sample-period", type=argtypes.int_range(5, 31), default=20, metavar="N",
+                    help="one sample per SM every 2^N cycles (5-31, default 20: ~1,600 per SM per second at 1.7 GHz)")
+    gs.add_argument("--gpu-hw-buffer", type=argtypes.int_range(1 << 20, 1 << 34), default=64 << 20, metavar="BYTES",
+                    help="device memory for CUPTI's sample buffer (default 64 MiB; CUPTI's own default is 512 MiB)")
+    gs.add_argument("--gpu-stream-limit", type=argtypes.int_range(1 << 20, 1 << 40), default=1 << 30, metavar="BYTES",
+                    help="most bytes of samples and cubins one process may write (1 GiB; beyond that, counted drops)")
+    add_view_options(p)
+
+
+def _check_target(pid: int | None) -> None:
+    """Root and a live target before anything starts, as the kinds of error they are (the session checks them
+    again, as plain bad input)."""
+    from aiflame.agent.session import SessionError, check_pid, check_root
+    from aiflame.core.errors import HostError, TargetGone
+
+    try:
+        check_root()
+    except SessionError as e:
+        raise HostError(str(e)) from None
+    if pid is not None:
+        try:
+            check_pid(pid)
+        except SessionError as e:
+            raise TargetGone(str(e)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiflame.agent.accel.cupti import CuptiOptions
+    from aiflame.agent.kernel.sampler import SamplerConfig, bpf_source
+    from aiflame.agent.outputs import capture_views, write_views
+    from aiflame.agent.session import Session, SessionConfig
+    from aiflame.cli.summary import print_summary
+    from aiflame.core.capture import read_capture
+    from aiflame.symbolize.native import NativeSymbolizer
+    from aiflame.symbolize.stacks import symbolize_capture
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command),
+                            probes=not args.no_runtimes)
+    if args.print_bpf:
+        print(bpf_source(sampler))
+        return 0
+    if args.pid is not None and command:
+        raise UsageError("give either --pid PID or -- CMD, not both")
+    if args.pid is None and not command:
+        raise UsageError("nothing to profile: give --pid PID or -- CMD ARGS")
+    formats = [f for f in args.formats.split(",") if f]
+    for f in formats:
+        if f not in REGISTRY:
+            raise UsageError(f"unknown format {f!r} (known: {', '.join(REGISTRY)})")
+    _check_target(args.pid)
+    out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
+    cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
+                        sampler=sampler, argv=["aiflame", *args.argv], runtimes=not args.no_runtimes,
+                        gpu_samples=not args.no_gpu_samples,
+                        cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,
+                                           max_stream_bytes=args.gpu_stream_limit))
+    console = Console()
+    progress = _Progress(Console(stderr=True), quiet=args.quiet)
+    with progress:
+        result = Session(cfg, on_progress=progress.update).run()
+    native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
+    cap = read_capture(result.capture)
+    prof = symbolize_capture(cap, native, options=stack_options(args))
+    written = [result.capture]
+    target = cfg.command and " ".join(cfg.command) or f"pid {args.pid}"
+    views = capture_views(cap, prof, cfg.prefix)
+
+    def svg_options(v: View) -> dict[str, object]:
+        rate = f" at {args.frequency} Hz" if v.profile is prof else ""
+        return {"title": args.title or f"aiflame: {target}{v.label}",
+                "subtitle": f"{v.what}{rate}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"}
+
+    files, notes = write_views(views, formats, out_dir, svg_options)
+    written += files
+    result.warnings.extend(notes)
+    stalls = next((v.profile for v in views if v.prefix == "stalls"), None)
+    if not args.quiet:
+        print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s,
+                      stalls=stalls)
+        probed = [a for a in result.probed if a.runtime != "process"]
+        if probed:
+            libs = (f"{os.path.basename(a.path)} ({a.runtime}, {len(a.calls)} entry points)" for a in probed)
+            console.print("probed: " + "; ".join(libs), highlight=False)
+        for w in result.warnings:
+            warn(w)
+        console.print(f"stopped: {result.stop_reason} after {result.stats.elapsed_s:.1f} s")
+        for p in written:
+            console.print(f"wrote {p}", highlight=False)
+    if result.exit_code not in (None, 0) and not args.quiet:
+        console.print(f"[yellow]the command exited with status {result.exit_code}[/]")
+    return 0
+
+
+class _Progress:
+    """A one-line live status on stderr: elapsed time, samples, lost samples, processes."""
+
+    def __init__(self, console: Console, quiet: bool) -> None:
+        self.console = console
+        self.quiet = quiet or not console.is_terminal
+        self._status = None if self.quiet else console.status("starting BPF sampler…")
+
+    def __enter__(self) -> _Progress:
+        if self._status:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status:
+            self._status.__exit__(None, None, None)
+
+    def update(self, s: SessionStats) -> None:
+        if self._status:
+            self._status.update(f"profiling  {s.elapsed_s:6.1f} s  samples {s.samples}  lost {s.lost}  "
+                                f"processes {s.pids}  (Ctrl-C to stop)")

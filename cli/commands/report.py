@@ -1,0 +1,90 @@
+"""`aiflame report comm CAPTURE`: the collective-balance report. Per collective and rank: calls, bytes and time;
+ranks whose counts, sizes or times differ from their peers' beyond a threshold are flagged; and the comm plot
+(exporters/comm_plot.py) shows where the imbalance is."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from aiflame.cli.commands import UsageError
+from aiflame.core.errors import BadInput
+from aiflame.core.model import Profile
+from aiflame.exporters.comm_plot import CommPlotExporter, Flag, comm_totals, imbalance
+from aiflame.exporters.event_totals import human_bytes
+
+NAME = "report"
+HELP = "reports over a capture (comm: collective balance across ranks)"
+DESCRIPTION = ""
+EXAMPLES = ""
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "ReportError", "add_arguments", "report_comm", "run"]
+
+
+class ReportError(BadInput):
+    """A report cannot be made from this input; one line."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    kinds = p.add_subparsers(dest="report", metavar="REPORT", required=True)
+    c = kinds.add_parser("comm", help="collectives per rank: calls, bytes, time; flags imbalance; plots sizes")
+    c.add_argument("capture", type=Path, help="a .aiflame capture of a multi-rank job")
+    c.add_argument("--threshold", type=float, default=0.1,
+                   help="flag a rank whose bytes differ from the median rank's by more than this fraction (0.1)")
+    c.add_argument("--time-threshold", type=float, default=0.5,
+                   help="the same for time spent in the collective (0.5; times are noisier than sizes)")
+    c.add_argument("--min-time-ms", type=float, default=5.0,
+                   help="ignore time differences smaller than this many ms, whatever their ratio (5)")
+    c.add_argument("--plot", type=Path, help="SVG plot of bytes per rank (default: next to the capture, .comm.svg)")
+    c.add_argument("--no-plot", action="store_true", help="do not write the plot")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiflame.cli.stack_view import load_profile
+
+    if args.threshold < 0 or args.time_threshold < 0 or args.min_time_ms < 0:
+        raise UsageError("thresholds must be >= 0")
+    prof = load_profile(args.capture)  # a capture, never a folded file
+    plot = None if args.no_plot else (args.plot or CommPlotExporter.output_path(args.capture.with_suffix("")))
+    report_comm(prof, Console(), args.threshold, args.time_threshold, plot,
+                title=f"Collective bytes per rank: {prof.meta.get('target', args.capture.name)}",
+                min_time_ms=args.min_time_ms)
+    return 0
+
+
+def report_comm(prof: Profile, console: Console, size_threshold: float, time_threshold: float,
+                plot: Path | None, title: str = "", min_time_ms: float = 5.0) -> list[Flag]:
+    """Print the table and the flags; write the plot when `plot` is given. Returns the flags."""
+    totals = comm_totals(prof)
+    if not totals:
+        raise ReportError("no collectives in this capture (taken with --no-runtimes, or no gloo/NCCL calls?)")
+    flags = imbalance(totals, size_threshold, time_threshold, min_time_ms)
+    marked = {(f.collective, f.rank, f.what) for f in flags}
+    t = Table(title="Collectives per rank", title_justify="left")
+    for col, right in (("collective", False), ("rank", True), ("calls", True), ("bytes", True),
+                       ("largest", True), ("time ms", True)):
+        t.add_column(col, justify="right" if right else "left")
+
+    def cell(text: str, name: str, rank: int, what: str) -> str:
+        return f"[bold red]{escape(text)}[/]" if (name, rank, what) in marked else escape(text)
+
+    for name, per in sorted(totals.items()):
+        for r, x in sorted(per.items()):
+            t.add_row(escape(name), str(r), cell(str(x.calls), name, r, "calls"),
+                      cell(human_bytes(x.bytes), name, r, "bytes"), human_bytes(x.max_bytes),
+                      cell(f"{x.ns / 1e6:.3f}", name, r, "time ms"))
+    console.print(t)
+    if flags:
+        console.print(f"[bold]imbalance[/] (bytes beyond {size_threshold:.0%}, time beyond {time_threshold:.0%} "
+                      f"and {min_time_ms:g} ms of the median rank; any difference in calls):")
+        for f in flags:
+            console.print("  " + escape(f.text()), highlight=False)
+    else:
+        console.print("no imbalance: every rank made the same calls with sizes and times within the thresholds")
+    if plot is not None:
+        CommPlotExporter(title=title, threshold=size_threshold).write(prof, plot)
+        console.print(f"wrote {plot}", highlight=False)
+    return flags

@@ -1,0 +1,77 @@
+"""The stack view `profile`, `export` and `render` share: its options (`--group`, `--no-kernel`, `--python`,
+`--debug-dir`, `--view`) and reading a capture, or a folded file, as that view."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiflame.core.model import Profile
+    from aiflame.symbolize.stacks import StackOptions
+
+VIEWS = ("cpu", "launches", "stalls", "combined")
+
+
+def add_view_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("stack view")
+    g.add_argument("--group", choices=("process", "thread", "none"), default="process",
+                   help="root frames: process name (default), process and thread, or none")
+    g.add_argument("--no-kernel", action="store_true", help="leave kernel frames out")
+    g.add_argument("--python", choices=("merged", "python", "native"), default="merged",
+                   help="Python frames merged into native stacks (default), Python frames only, or native only")
+    g.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
+                   help="extra directory of separate debug files (DIR/.build-id/xx/yyyy.debug); repeatable")
+    g.add_argument("--view", choices=VIEWS, default="cpu",
+                   help="cpu: CPU samples (default); launches: accelerator kernel launches, "
+                        "<CPU stack> ; - ; <kernel>, weighted by launch count; stalls: accelerator stall samples "
+                        "on their launch stacks (the AI flame graph); combined: CPU and stall samples together")
+
+
+def stack_options(args: argparse.Namespace) -> StackOptions:
+    """The StackOptions of parsed view options."""
+    from aiflame.symbolize.stacks import StackOptions
+
+    return StackOptions(group=args.group, kernel=not args.no_kernel, python=args.python)
+
+
+def load_view(path: Path, args: argparse.Namespace, folded: bool = False) -> Profile:
+    """`path` as the view the parsed options ask for (see `load_profile`)."""
+    return load_profile(path, stack_options(args), args.view, args.debug_dir, folded)
+
+
+def load_profile(path: Path, options: StackOptions | None = None, view: str = "cpu",
+                 debug_dirs: Sequence[str] = (), folded: bool = False) -> Profile:
+    """A capture symbolized as `view`; with `folded`, a folded-stacks file is read too. Raises CaptureError."""
+    from aiflame.core.capture import MAGIC, CaptureError, read_capture
+    from aiflame.core.model import EventKind
+    from aiflame.exporters.folded import parse_folded
+    from aiflame.symbolize.events import launch_profile
+    from aiflame.symbolize.native import NativeSymbolizer
+    from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise CaptureError(f"{path}: {e.strerror}") from None
+    if head == MAGIC or not folded:
+        native = NativeSymbolizer(debug_dirs=[*debug_dirs, "/usr/lib/debug"])
+        cap = read_capture(path)
+        prof = symbolize_capture(cap, native, options=options or StackOptions())
+        if view in ("stalls", "combined"):
+            from aiflame.symbolize.stalls import stall_view
+
+            return stall_view(cap, prof, view)
+        if view == "launches":
+            if not any(e.kind == EventKind.COMPUTE for e in prof.events):
+                raise CaptureError(f"{path}: no kernel launches in this capture (the launch view is empty)")
+            return launch_profile(prof)
+        return prof
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise CaptureError(f"{path}: neither an aiflame capture nor a folded-stacks file") from None
+    return parse_folded(text)
