@@ -1,4 +1,4 @@
-"""Benchmark building CFI unwind tables (symbolize/cfi.py): cold, warm from the disk cache, peak RSS.
+"""Benchmark building CFI unwind tables (symbolize/objfmt/cfi.py): cold, warm from the disk cache, peak RSS.
 
     python bench/bench_cfi.py [BINARY ...] [--python] [--no-save]
 
@@ -44,7 +44,7 @@ def default_binaries() -> list[str]:
 
 def child(mode: str, binary: str, cache: str) -> None:
     """One measured run in this (fresh) process; prints a JSON line."""
-    from aiflame.symbolize import cfi
+    from aiflame.symbolize.objfmt import cfi
 
     t = time.perf_counter()
     if mode == "compile":
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="aiflame-bench-cfi-") as tmp:
         engine_cache = os.path.join(tmp, "engine")
         compiled = run_child("compile", "", engine_cache)
-        print(f"engine_compile_s {compiled['s']}  (cc of symbolize/cfi_fast.c, once per source version)")
+        print(f"engine_compile_s {compiled['s']}  (cc of symbolize/objfmt/cfi_fast.c, once per source version)")
         for i, binary in enumerate(binaries):
             cache = os.path.join(tmp, f"b{i}")
             # The compiled engine is found under the cache dir: share the one compiled above.

@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from aiflame.core.errors import BadInput
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.dwarf_lines import LineHeader, run_line_program, uleb
 from aiflame.symbolize.objfmt.elf import Section, _extended_counts, _parse_header, _read_sections, _Reader
@@ -245,7 +246,7 @@ class _LineReader:
         try:
             while pos + 4 <= len(data):
                 pos = self._unit(data, pos, relocs, seqs)
-        except (IndexError, struct.error, ValueError) as e:
+        except (IndexError, struct.error, ValueError, BadInput) as e:  # BadInput: dwarf_lines' malformed-program error
             raise CubinError(f"{self.label}: malformed .debug_line ({e})") from None
         return CubinLines(_tables(seqs))
 

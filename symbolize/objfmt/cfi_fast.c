@@ -1,4 +1,4 @@
-/* The C engine of symbolize/cfi.py: the same parse, selection, interpretation and packing as its Python
+/* The C engine of symbolize/objfmt/cfi.py: the same parse, selection, interpretation and packing as its Python
  * reference (_build_py), step for step, so that both give identical rows, rules, stats and error messages.
  * Built by cfi.py on first use (cc -O2 -shared) and called through ctypes; see cfi.py for the layout.
  *

@@ -20,7 +20,7 @@ def _layout(t: Any) -> list[tuple[str, int, int]]:
 def test_c_and_python_layouts_agree() -> None:
     sampler = CpuSampler(SamplerConfig(probes=True), lambda s: None, lambda e: None)
     sampler.start([])
-    mirrors = {"sample_rec": SampleRec, "proc_rec": ProcRec, "py_proc": PyProcRec, "call_rec": CallRec,
+    mirrors: dict[str, Any] = {"sample_rec": SampleRec, "proc_rec": ProcRec, "py_proc": PyProcRec, "call_rec": CallRec,
                "ret_rec": RetRec, "open_rec": OpenRec, "probe_spec": ProbeSpecRec, "unwind_proc": UnwindProc,
                "unwind_rule": cfi.RULE}
     try:

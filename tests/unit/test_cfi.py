@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.symbolize import cfi
+from aiflame.symbolize.objfmt import cfi
 from aiflame.symbolize.objfmt.cfi import (
     CFA_DEREF_RBP,
     CFA_END,

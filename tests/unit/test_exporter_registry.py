@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from aiflame.core.errors import BadInput
 from aiflame.core.model import Frame, FrameKind, Profile, Sample
 from aiflame.exporters import (
     REGISTRY,
@@ -191,8 +192,8 @@ def test_parse_option_values_rejects(pair: str, message: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_export_error_is_a_value_error() -> None:
-    assert issubclass(ExportError, ValueError)
+def test_export_error_is_bad_input() -> None:
+    assert issubclass(ExportError, BadInput)
 
 
 def test_option_is_immutable() -> None:
