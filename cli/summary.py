@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from aiflame.core.model import FrameKind, Profile
+from aiflame.core.unwind import END, STOPS
 
 _SKIP_KINDS = (FrameKind.PROCESS, FrameKind.SEPARATOR)
 
@@ -71,6 +72,8 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     console.print(line)
     if py:
         console.print(py)
+    if (walked := unwind_line(prof)):
+        console.print(walked)
     if prof.events:
         from aiflame.cli.summary_events import print_events
 
@@ -82,3 +85,20 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     if c.get("calls") or c.get("call_lost"):
         console.print(f"runtime calls probed {c.get('calls', 0)}  lost {c.get('call_lost', 0)}  "
                       f"returns lost {c.get('returns_lost', 0)}")
+
+
+def unwind_line(prof: Profile) -> str:
+    """One line on the CFI unwinder: walks, how many reached the outermost frame, why the rest stopped."""
+    c = prof.counters
+    walked = c.get("unwind_cfi", 0)
+    if not walked:
+        return ""
+    ends = c.get("unwind_end", 0)
+    stops = sorted(((n, key) for code, (key, _) in STOPS.items() if code != END and (n := c.get(f"unwind_{key}", 0))),
+                   reverse=True)
+    line = f"native unwinding (CFI): {walked} walks, {100 * ends / walked:.1f}% reached the outermost frame"
+    if stops:
+        line += "; stopped early: " + ", ".join(f"{key.replace('_', ' ')} {n}" for n, key in stops)
+    if prof.meta.get("unwind_worst"):
+        line += f"; most in {prof.meta['unwind_worst']}"
+    return line

@@ -15,6 +15,7 @@ from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.python.code import CodeInfo, line_for
 from aiflame.symbolize.python.merge import merge, python_runs
+from aiflame.symbolize.unwind_report import unwind_report
 
 PY_TSTATE = 2
 PY_TRUNCATED = 4
@@ -196,6 +197,10 @@ def symbolize_capture(
             prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
         else:
             event_stacks.append(stack)
+    stops, worst = unwind_report(cap.samples, lambda s: _outermost_file(index.get(s.pid), s))
+    prof.counters.update(stops)
+    if worst:
+        prof.meta["unwind_worst"] = worst
     n_ev = len(event_raws)
     prof.events = trace_events(cap, event_stacks[:n_ev], [st[-1] if st else None for st in event_stacks[n_ev:]])
     if cap.footer:
@@ -203,6 +208,12 @@ def symbolize_capture(
             prof.counters[k] = prof.counters.get(k, 0) + v
         prof.start_ns, prof.end_ns = cap.header.start_mono_ns, cap.footer.end_mono_ns
     return prof
+
+
+def _outermost_file(idx: _ProcessIndex | None, s: RawSample) -> str:
+    """The file of the last user frame a walk reached ("" when it lies in no mapping)."""
+    m = idx.find(s.user[-1], s.time_ns) if idx and s.user else None
+    return m.path if m else ""
 
 
 @dataclass(slots=True)

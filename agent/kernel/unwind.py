@@ -31,11 +31,6 @@ _MAP = struct.Struct("<QQQII")  # struct unwind_map: start, end, bias, first_row
 _PROC_HEAD = struct.Struct("<II")  # n, flags
 _U32 = struct.Struct("<I")
 
-# why a walk ended (bpf/unwind.h UW_STOP_*), for counters and the summary
-STOP_REASONS = {1: "end", 2: "no mapping (JIT, anonymous, vdso)", 3: "pc not covered by CFI",
-                4: "unsupported CFA rule", 5: "stack read fault", 6: "depth limit", 7: "frame-pointer chain ended",
-                8: "table evicted"}
-USED_FP = 0x100
 
 
 class UnwindMap(ctypes.Structure):
@@ -245,9 +240,3 @@ class UnwindTables:
     def _update_stats(self) -> None:
         self.stats.tables = len(self._files)
         self.stats.rows_used = sum(f.nrows for f in self._files.values())
-
-
-def describe_stops(counts: dict[int, int]) -> list[str]:
-    """'reason: N' lines for a {UW_STOP_*: samples} count, most frequent first."""
-    return [f"{STOP_REASONS.get(k, f'reason {k}')}: {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
-

@@ -9,7 +9,8 @@ from typing import Any
 
 from aiflame.agent.kernel.records import CallRec, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RetRec, SampleRec
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig, bpf_source
-from aiflame.agent.kernel.unwind import MAX_MAPS, ROWS_EVICTED, STOP_REASONS, USED_FP, UnwindProc
+from aiflame.agent.kernel.unwind import MAX_MAPS, ROWS_EVICTED, UnwindProc
+from aiflame.core.unwind import STOPS, USED_FP
 from aiflame.symbolize.objfmt import cfi
 
 
@@ -61,5 +62,5 @@ def test_unwind_constants_agree() -> None:
     assert {k: d[k] for k in kinds} == kinds
     assert (d["RBP_SAME"], d["RBP_AT_CFA"], d["RBP_INVALID"]) == (cfi.RBP_UNCHANGED, cfi.RBP_OFFSET, cfi.RBP_INVALID)
     stops = {v: k for k, v in d.items() if k.startswith("UW_STOP_")}
-    assert set(stops) == set(STOP_REASONS)
+    assert stops == {code: f"UW_STOP_{key.upper()}" for code, (key, _) in STOPS.items()}
     assert d["UW_USED_FP"] == USED_FP and d["AIFLAME_UNWIND_MAPS"] == MAX_MAPS and d["UW_ROWS_EVICTED"] == ROWS_EVICTED
