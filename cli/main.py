@@ -27,12 +27,14 @@ from aiflame.exporters.chakra import node_types, write_traces
 from aiflame.exporters.folded import parse_folded
 from aiflame.exporters.obfuscate import ObfuscateError
 from aiflame.exporters.svg import SvgExporter
+from aiflame.symbolize.annotate import AnnotateError
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.events import launch_profile
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
-USER_ERRORS = (CaptureError, SamplerError, SessionError, ExportError, SymbolizeError, ObfuscateError, ReportError)
+USER_ERRORS = (CaptureError, SamplerError, SessionError, ExportError, SymbolizeError, ObfuscateError, ReportError,
+               AnnotateError)
 
 EXAMPLES = """examples:
   aiflame profile --pid 1234 -d 30            profile a running process for 30 s
@@ -40,6 +42,7 @@ EXAMPLES = """examples:
   aiflame export out/profile.aiflame --format speedscope -o prof.json
   aiflame export out/profile.aiflame --format chakra -o traces/job   one traces/job.<rank>.et per rank
   aiflame report comm out/profile.aiflame     collectives per rank, imbalance flagged, plot
+  aiflame annotate out/profile.aiflame hot_loop   a function's instructions with their samples
   aiflame render out/profile.folded -o flame.svg --opt title="my job"
   aiflame doctor                              what this host supports
 """
@@ -125,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "shrank against BEFORE (captures or folded files; totals normalized, see --opt normalize)")
     _add_view_options(r)
 
-    from aiflame.cli import daemon_cmd, gpu_symbols_cmd, import_cmd
+    from aiflame.cli import annotate_cmd, daemon_cmd, gpu_symbols_cmd, import_cmd
+    annotate_cmd.add_parser(sub)
     gpu_symbols_cmd.add_parser(sub)
     import_cmd.add_parser(sub)
     daemon_cmd.add_parser(sub)
@@ -354,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "import":
             from aiflame.cli import import_cmd
             return import_cmd.run(args)
+        if args.cmd == "annotate":
+            from aiflame.cli import annotate_cmd
+            return annotate_cmd.run(args)
         if args.cmd == "gpu-symbols":
             from aiflame.cli import gpu_symbols_cmd
             return gpu_symbols_cmd.run(args)

@@ -3,12 +3,15 @@ sorting, stripped code, name matching and its errors, GPU kernels with stall rea
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from aiflame.cli.main import main
+from aiflame.core.capture import write_capture
 from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, Mapping, ProcessSnapshot, RawSample
 from aiflame.core.raw import RawStallSample as Stall
 from aiflame.symbolize import stalls
@@ -321,6 +324,67 @@ def test_kernel_and_host_stub_need_a_kind(progs: KernelPrograms) -> None:
         annotate(c.capture(), SCALE)
     assert annotate(c.capture(), SCALE, kind="native").kind == "native"
     assert annotate(c.capture(), SCALE, kind="gpu").kind == "gpu"
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+
+
+def _write(c: Cap, path: Path) -> Path:
+    write_capture(path, c.capture())
+    return path
+
+
+def test_cli_address_order_and_hottest_first(hot: HotLoop, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    start, end = _hot_loop(hot.prog)
+    insns = objdump_instructions(hot.prog, start, end)
+    c = Cap()
+    c.sample(hot.prog, insns[10], 30)
+    c.sample(hot.prog, insns[4], 10)
+    path = _write(c, tmp_path / "c.aiflame")
+    assert main(["annotate", str(path), "hot_loop"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out  # no colour codes when stdout is not a terminal
+    assert out.startswith(f"hot_loop  {hot.prog}") and "40 samples in this code as the leaf frame" in out
+    rows = [ln for ln in out.splitlines() if re.match(r"^(>\d)?\s+[\d.]+\s+\d+\s+0x", ln)]
+    assert [ln.split()[0] for ln in rows] == [">2", ">1"]  # address order
+    assert re.search(rf"^>1\s+75\.00\s+30\s+{insns[10]:#x}\s+\S", out, re.M)
+    assert re.search(r"^\s{33}hot_loop\.c:\d+\s+\S", out, re.M)  # source interleaved
+    assert "hottest source lines: hot_loop.c:" in out
+    assert main(["annotate", str(path), "hot_loop", "-s", "samples", "--no-source"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith(">")]
+    assert [int(r.split()[3], 16) for r in rows] == [insns[10], insns[4]] and "hot_loop.c:" in rows[0]
+
+
+def test_cli_gpu_rows_show_reasons(progs: KernelPrograms, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    c, _sm90 = _gpu_cap(progs)
+    path = _write(c, tmp_path / "g.aiflame")
+    assert main(["annotate", str(path), "scale", "-s", "samples"]) == 0
+    out = capsys.readouterr().out
+    assert "55 stall samples on this kernel (87.3% of the capture's 63)" in out
+    assert "stall reasons: long_scoreboard 55%, wait 45%" in out
+    assert re.search(r"^>1\s+72\.73\s+40\s+\+0x\w{4}\s+.*kernels\.cu:\d+\s+long_scoreboard 75%, wait 25%$", out,
+                     re.M)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nothing_here"], "aiflame: error: no function matching 'nothing_here'"),
+        (["hot_loop", "--dso", "libnope"], "aiflame: error: the capture has no binary 'libnope'"),
+        (["libnope+0x10"], "aiflame: error: the capture has no binary 'libnope'"),
+    ],
+)
+def test_cli_errors_are_one_line(argv: list[str], message: str, hot: HotLoop, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    c = Cap()
+    c.sample(hot.prog, _hot_loop(hot.prog)[0], 1)
+    path = _write(c, tmp_path / "e.aiflame")
+    assert main(["annotate", str(path), *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
 
 
 def test_annotation_is_a_value() -> None:
