@@ -91,7 +91,8 @@ def render(console: Console, ann: Annotation, *, by_samples: bool = False) -> No
         if not by_samples and i.file and (i.file, i.line) != last:
             last = (i.file, i.line)
             text = ann.source.get(last, "")
-            console.print(f"[cyan]{'':{_INDENT}}{escape(_where(i))}[/]  [dim]{escape(text)}[/]")
+            tail = f"  [dim]{escape(text)}[/]" if text else ""
+            console.print(f"[cyan]{'':{_INDENT}}{escape(_where(i))}[/]{tail}")
         line = (f"{_mark(i):3} {_pct(i):>7} {i.samples or '':>8}  {_addr(i, gpu):<10} "
                 f"{_text(i, gpu):<{width}}")
         if src_width:

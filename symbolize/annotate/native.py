@@ -347,8 +347,9 @@ def _annotate(b: _Binary, start: int, end: int, name: str, hot: int, total: int,
         rows.append(Instruction(addr, size, text, file, line, counts.get(addr, 0)))
     ranked = rank(rows, hot)
     if in_kernel:
-        notes += (f"{in_kernel} more samples were taken in the kernel while this code was the user-mode leaf "
-                  "(system calls, page faults); they are not counted",)
+        were = "1 more sample was" if in_kernel == 1 else f"{in_kernel} more samples were"
+        notes += (f"{were} taken in the kernel while this code was the user-mode leaf (system calls, page "
+                  "faults); not counted",)
     if b.lines is None:
         notes += (f"no source lines: {os.path.basename(b.mod.path)} has no DWARF line table and no debug file "
                   "was found (--debug-dir adds places to look)",)
