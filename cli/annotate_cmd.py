@@ -1,7 +1,7 @@
 """`aiflame annotate`: a function's disassembly with the samples of a capture on each instruction.
 
-Only wiring and text: the work is in symbolize/annotate/. `add_parser` registers the subcommand (`add_arguments`
-its options); `run` executes it. Colours only on a terminal (rich drops them otherwise).
+Only wiring and text: the work is in symbolize/annotate/. NAME, HELP, DESCRIPTION, EXAMPLES, `add_arguments` and `run`
+are the shape of a command module; `add_parser` registers it on today's parser. Colours only on a terminal.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from aiflame.cli import argtypes
 from aiflame.core.capture import read_capture
 from aiflame.symbolize.annotate import KINDS, Annotation, Instruction, annotate
 
-__all__ = ["add_arguments", "add_parser", "run"]
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "add_parser", "run"]
+
+NAME = "annotate"
+HELP = "a function's instructions with their samples (x86-64 code, or a GPU kernel's SASS)"
+DESCRIPTION = ("Disassemble one function of a capture's binaries (x86-64), or a GPU kernel's SASS, and show\n"
+               "the samples on each instruction (leaf frames only, as perf annotate counts them), its share of the\n"
+               "function, its source line and, for a kernel, its stall reasons; the hottest instructions are marked.")
 
 EXAMPLES = """examples:
   aiflame annotate out/profile.aiflame hot_loop              every instruction, source lines interleaved
@@ -55,13 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: Any) -> None:
     """Register `annotate` on the `add_subparsers()` object of the aiflame parser."""
-    p = subparsers.add_parser(
-        "annotate", help="a function's instructions with their samples (x86-64 code, or a GPU kernel's SASS)",
-        description="Disassemble one function of a capture's binaries (x86-64), or a GPU kernel's SASS, and show\n"
-        "the samples on each instruction (leaf frames only, as perf annotate counts them), its share of the\n"
-        "function, its source line and, for a kernel, its stall reasons; the hottest instructions are marked.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subparsers.add_parser(NAME, help=HELP, description=DESCRIPTION, epilog=EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
 
 

@@ -7,9 +7,8 @@ asks for `kind` when a name is both (a CUDA kernel and its host-side launch stub
 from __future__ import annotations
 
 from aiflame.core.raw import Capture
-from aiflame.symbolize.annotate.gpu import annotate_gpu, gpu_matches
-from aiflame.symbolize.annotate.native import ADDRESS, annotate_native
 from aiflame.symbolize.annotate.result import (
+    ADDRESS,
     AmbiguousSymbol,
     AnnotateError,
     Annotation,
@@ -50,6 +49,10 @@ def annotate(
 
     Raises an AnnotateError (a BadInput) with one line: SymbolNotFound, AmbiguousSymbol (the line lists the
     candidates), BinaryNotInCapture, BinaryNotFound (not on this host, or another build of it)."""
+    # Imported here: capstone and the GPU code readers cost every other command start-up time.
+    from aiflame.symbolize.annotate.gpu import annotate_gpu, gpu_matches
+    from aiflame.symbolize.annotate.native import annotate_native
+
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}")
     if kind == "gpu":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -20,6 +19,7 @@ import capstone
 
 from aiflame.core.raw import Capture, Mapping, ProcessSnapshot
 from aiflame.symbolize.annotate.result import (
+    ADDRESS,
     AmbiguousSymbol,
     AnnotateError,
     Annotation,
@@ -38,10 +38,9 @@ from aiflame.symbolize.objfmt.demangle import demangle, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
 from aiflame.symbolize.objfmt.elf import ElfFile, Section, Symbol
 
-__all__ = ["ADDRESS", "Module", "annotate_native", "leaf_samples"]
+__all__ = ["Module", "annotate_native", "leaf_samples"]
 
 EM_X86_64 = 62
-ADDRESS = re.compile(r"^(?P<dso>.+?)\+(?P<start>0x[0-9a-fA-F]+)(?:-(?P<end>0x[0-9a-fA-F]+))?$")
 _SHF_EXECINSTR = 0x4
 _SHT_NOBITS = 8
 _MAX_CODE = 1 << 20  # bytes disassembled at most (a function, or an explicit range)

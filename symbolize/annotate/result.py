@@ -8,6 +8,7 @@ Also the name matching both share, and the errors a user meets (each a BadInput 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -16,6 +17,7 @@ from aiflame.core.errors import BadInput
 from aiflame.symbolize.objfmt.demangle import short_name
 
 __all__ = [
+    "ADDRESS",
     "AmbiguousSymbol",
     "AnnotateError",
     "Annotation",
@@ -32,6 +34,9 @@ __all__ = [
 K = TypeVar("K")
 
 _SOURCE_BYTES = 4 << 20  # source files larger than this are not read for their text
+
+# Code named by where it is rather than by a symbol: `dso+0xOFFSET` or `dso+0xSTART-0xEND` (file offsets).
+ADDRESS = re.compile(r"^(?P<dso>.+?)\+(?P<start>0x[0-9a-fA-F]+)(?:-(?P<end>0x[0-9a-fA-F]+))?$")
 
 
 class AnnotateError(BadInput):
