@@ -16,6 +16,7 @@ from aiflame.cli.commands import (
     EXAMPLES,
     Command,
     agent,
+    annotate,
     doctor,
     export,
     gpu_symbols,
@@ -30,7 +31,7 @@ from aiflame.cli.commands import (
 from aiflame.core.errors import AiflameError
 
 # In the order `aiflame --help` lists them.
-COMMANDS: tuple[Command, ...] = (profile, export, render, report, import_, gpu_symbols, doctor,
+COMMANDS: tuple[Command, ...] = (profile, export, render, report, annotate, import_, gpu_symbols, doctor,
                                  agent, trigger, status, top)
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
