@@ -246,8 +246,14 @@ static void walk(struct ctx *c, int which) {
     const char *name = SECNAME[which];
     uint64_t pos = 0, n = s->len;
     while (pos < n) {
-        if (pos + 4 > n)
+        if (pos + 4 > n) {
+            uint64_t i = pos;
+            while (i < n && !s->d[i])
+                i++;
+            if (i == n)
+                break; /* zero padding after the last record */
             fail(c, "%s: truncated record at 0x%llx", name, (unsigned long long)pos);
+        }
         uint64_t length = rd32(s->d + pos);
         if (length == 0) {
             pos += 4;

@@ -455,7 +455,7 @@ def test_synthetic_section_walked_and_via_hdr() -> None:
     s.fde(c, 0x1000, 0x10, b"\x41\x0e\x10\x86\x02\x2e\x08\x00")  # adv 1; cfa 16; rbp at cfa-16; args_size; nop
     s.fde(c, 0x1010, 0x08)
     s.fde(c, 0x1100, 0x08, b"\x42\x0a\x0e\x20\x41\x0b")  # remember, cfa 32, restore
-    walked, indexed = build_both(s.eh), build_both(s.eh, s.hdr())
+    walked, indexed = build_both(s.eh + b"\0\0"), build_both(s.eh, s.hdr())  # zero padding ends a walk
     assert isinstance(walked, UnwindTable) and isinstance(indexed, UnwindTable)
     assert walked.rows == indexed.rows and walked.rules == indexed.rules
     assert (walked.stats.source, indexed.stats.source) == ("eh_frame", "eh_frame_hdr")
