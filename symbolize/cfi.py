@@ -357,7 +357,11 @@ _REG_RBP, _REG_RSP, _REG_RA = 6, 7, 16
 
 
 class _Parser:
-    """Records of both sections, CIEs parsed once each."""
+    """Records of both sections, CIEs parsed once each.
+
+    Both sections are walked record by record even when .eh_frame_hdr lists the FDEs: a table entry or CIE
+    pointer must then land on a record start, so hostile pointers cannot make records overlap and the work
+    stays linear in the section size."""
 
     def __init__(self, inp: _Input) -> None:
         self.inp = inp
@@ -498,7 +502,8 @@ def _hdr_entries(inp: _Input) -> list[tuple[int, int]] | None:
 
 
 def _collect(p: _Parser) -> tuple[list[_Fde], str]:
-    """Every distinct FDE: those .eh_frame_hdr lists (else all of .eh_frame), then those of .debug_frame."""
+    """Every distinct FDE: those .eh_frame_hdr lists (else all of .eh_frame), then those of .debug_frame.
+    The table is what the runtime unwinders search, so an FDE it leaves out is dead to them too."""
     inp = p.inp
     eh_recs = p.records[_EH]
     fdes: list[_Fde] = []
