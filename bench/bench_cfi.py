@@ -5,7 +5,8 @@
 Every figure comes from a fresh subprocess with its own empty cache directory (AIFLAME_CACHE), so "cold" is a
 new agent meeting the binary for the first time (the C engine already compiled: its one-time compile is the
 `engine_compile_s` line) and "warm" is a new agent finding the table on disk. Times are the `load_or_build`
-call inside the child; peak RSS is the child's ru_maxrss (interpreter and imports included). --python also
+call inside the child, wall clock and CPU (user + sys; steadier on a shared machine); peak RSS is the child's
+ru_maxrss (interpreter and imports included). --python also
 times the pure-Python reference engine and checks that it gives the same table as the C one.
 The figures go to bench/results/cfi.json unless --no-save.
 Default binaries: libtorch_cpu.so of this venv's torch, /usr/bin/python3.11, libc.so.6.
@@ -14,6 +15,8 @@ Default binaries: libtorch_cpu.so of this venv's torch, /usr/bin/python3.11, lib
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -31,8 +34,6 @@ def default_binaries() -> list[str]:
     out = []
     for p in _DEFAULTS:
         if not os.path.isabs(p):
-            import importlib.util
-
             spec = importlib.util.find_spec("torch")
             if spec is None or not spec.submodule_search_locations:
                 continue
@@ -46,7 +47,11 @@ def child(mode: str, binary: str, cache: str) -> None:
     """One measured run in this (fresh) process; prints a JSON line."""
     from aiflame.symbolize.objfmt import cfi
 
-    t = time.perf_counter()
+    def cpu() -> float:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    t, c = time.perf_counter(), cpu()
     if mode == "compile":
         ok = cfi._fast_lib() is not None
         print(json.dumps({"s": round(time.perf_counter() - t, 3), "ok": ok}))
@@ -55,11 +60,11 @@ def child(mode: str, binary: str, cache: str) -> None:
         table = cfi.build_table(binary, "python")
     else:
         table = cfi.load_or_build(binary, cache, engine="c")
-    elapsed = time.perf_counter() - t
+    elapsed, cpu_s = time.perf_counter() - t, cpu() - c
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    digest = __import__("hashlib").sha256(table.rows + table.rules_bytes()).hexdigest()
-    print(json.dumps({"s": round(elapsed, 3), "rss_mb": round(rss_mb, 1), "stats": table.stats.to_json(),
-                      "digest": digest}))
+    digest = hashlib.sha256(table.rows + table.rules_bytes()).hexdigest()
+    print(json.dumps({"s": round(elapsed, 3), "cpu_s": round(cpu_s, 3), "rss_mb": round(rss_mb, 1),
+                      "stats": table.stats.to_json(), "digest": digest}))
 
 
 def run_child(mode: str, binary: str, cache: str) -> dict[str, object]:
@@ -108,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 "rules": stats["rules"],
                 "table_mb": round((8 * int(stats["rows"]) + 12 * int(stats["rules"])) / 2**20, 1),
                 "cold_s": cold["s"],
+                "cold_cpu_s": cold["cpu_s"],
                 "cold_rss_mb": cold["rss_mb"],
                 "warm_s": warm["s"],
+                "warm_cpu_s": warm["cpu_s"],
                 "warm_rss_mb": warm["rss_mb"],
                 "warm_equals_cold": warm["digest"] == cold["digest"],
                 "cfa_kinds": stats["cfa_kinds"],
@@ -117,17 +124,23 @@ def main(argv: list[str] | None = None) -> int:
             }
             if args.python:
                 py = run_child("python", binary, cache)
-                row.update(python_s=py["s"], python_rss_mb=py["rss_mb"], python_equals_c=py["digest"] == cold["digest"])
+                row.update(python_s=py["s"], python_cpu_s=py["cpu_s"], python_rss_mb=py["rss_mb"],
+                           python_equals_c=py["digest"] == cold["digest"])
             results.append(row)
-    cols = ["size_mb", "fdes", "rows_raw", "rows", "rules", "table_mb", "cold_s", "cold_rss_mb", "warm_s",
-            "warm_rss_mb"] + (["python_s", "python_rss_mb", "python_equals_c"] if args.python else [])
-    print(f"{'binary':<22}" + "".join(f"{c:>14}" for c in cols))
+    cols = ["size_mb", "fdes", "rows_raw", "rows", "rules", "table_mb", "cold_s", "cold_cpu_s", "cold_rss_mb",
+            "warm_s", "warm_cpu_s", "warm_rss_mb"]
+    if args.python:
+        cols += ["python_s", "python_cpu_s", "python_rss_mb", "python_equals_c"]
+    print(f"{'binary':<16}" + "".join(f"{c:>{max(9, len(c) + 1)}}" for c in cols))
     for r in results:
-        print(f"{os.path.basename(str(r['binary'])):<22}" + "".join(f"{r[c]!s:>14}" for c in cols))
+        print(f"{os.path.basename(str(r['binary'])):<16}" + "".join(f"{r[c]!s:>{max(9, len(c) + 1)}}" for c in cols))
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if not all(r["warm_equals_cold"] for r in results) or not all(r.get("python_equals_c", True) for r in results):
         print("warning: tables differ between runs or engines", file=sys.stderr)
     if not args.no_save:
-        path = save("cfi", {"engine_compile_s": compiled["s"], "results": results, "conditions": conditions()})
+        doc = {"engine_compile_s": compiled["s"], "load_average": os.getloadavg()[0], "results": results,
+               "conditions": conditions()}
+        path = save("cfi", doc)
         print(f"saved {path}")
     return 0
 

@@ -246,8 +246,14 @@ static void walk(struct ctx *c, int which) {
     const char *name = SECNAME[which];
     uint64_t pos = 0, n = s->len;
     while (pos < n) {
-        if (pos + 4 > n)
+        if (pos + 4 > n) {
+            uint64_t i = pos;
+            while (i < n && !s->d[i])
+                i++;
+            if (i == n)
+                break; /* zero padding after the last record */
             fail(c, "%s: truncated record at 0x%llx", name, (unsigned long long)pos);
+        }
         uint64_t length = rd32(s->d + pos);
         if (length == 0) {
             pos += 4;
@@ -988,20 +994,21 @@ int cfi_build(const struct cfi_input *in, struct cfi_result *out) {
         return -1;
     }
     build(c, out);
-    out->rows = c->rows;
-    out->nrows = c->nrows;
-    out->nrules = c->nrules;
-    out->rules = malloc(c->nrules * 12);
-    if (!out->rules)
+    uint8_t *rules = malloc(c->nrules * 12);
+    if (!rules)
         fail(c, "out of memory");
     for (uint32_t i = 0; i < c->nrules; i++) {
-        uint8_t *p = out->rules + i * 12;
+        uint8_t *p = rules + i * 12;
         const struct rule *r = &c->rules[i];
         uint32_t co = (uint32_t)r->cfa_off, ro = (uint32_t)r->rbp_off;
         p[0] = r->cfa_type, p[1] = r->rbp_type, p[2] = p[3] = 0;
         for (int k = 0; k < 4; k++)
             p[4 + k] = (uint8_t)(co >> (8 * k)), p[8 + k] = (uint8_t)(ro >> (8 * k));
     }
+    out->rows = c->rows;
+    out->nrows = c->nrows;
+    out->rules = rules;
+    out->nrules = c->nrules;
     free_ctx(c);
     free(c);
     return 0;

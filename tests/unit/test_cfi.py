@@ -455,7 +455,7 @@ def test_synthetic_section_walked_and_via_hdr() -> None:
     s.fde(c, 0x1000, 0x10, b"\x41\x0e\x10\x86\x02\x2e\x08\x00")  # adv 1; cfa 16; rbp at cfa-16; args_size; nop
     s.fde(c, 0x1010, 0x08)
     s.fde(c, 0x1100, 0x08, b"\x42\x0a\x0e\x20\x41\x0b")  # remember, cfa 32, restore
-    walked, indexed = build_both(s.eh), build_both(s.eh, s.hdr())
+    walked, indexed = build_both(s.eh + b"\0\0"), build_both(s.eh, s.hdr())  # zero padding ends a walk
     assert isinstance(walked, UnwindTable) and isinstance(indexed, UnwindTable)
     assert walked.rows == indexed.rows and walked.rules == indexed.rules
     assert (walked.stats.source, indexed.stats.source) == ("eh_frame", "eh_frame_hdr")
@@ -486,6 +486,28 @@ def test_encodings_personality_and_lsda() -> None:
     t = build_both(s.eh, s.hdr())
     assert isinstance(t, UnwindTable)
     assert t.lookup(0x1004) == Rule(CFA_RSP, RBP_UNCHANGED, 16, 0)
+
+
+def test_absptr_set_loc_advance_loc8_and_val_offset_sf() -> None:
+    s = Sections()
+    c = s.cie(augdata=b"\x00")  # FDE addresses absptr: 8 bytes, absolute
+    insns = (b"\x01" + struct.pack("<Q", 0x5004) + b"\x0e\x10"  # set_loc 0x5004; cfa rsp+16
+             + b"\x1d" + struct.pack("<Q", 4) + b"\x15\x06\x7e"  # MIPS_advance_loc8 4; val_offset_sf rbp
+             + b"\x2d\x41\x86\x02")  # GNU_window_save (ignored); advance 1; rbp at cfa-16
+    s.fde(c, 0x5000, 0x20, insns, absolute=True)
+    t = build_both(s.eh, s.hdr())
+    assert isinstance(t, UnwindTable)
+    assert [(pc, r) for pc, r in t.iter_rows()] == [
+        (0x5000, Rule(CFA_RSP, RBP_UNCHANGED, 8, 0)),
+        (0x5004, Rule(CFA_RSP, RBP_UNCHANGED, 16, 0)),
+        (0x5008, Rule(CFA_RSP, RBP_INVALID, 16, 0)),
+        (0x5009, Rule(CFA_RSP, RBP_OFFSET, 16, -16)),
+        (0x5020, NOT_COVERED),
+    ]
+    back = Sections()
+    c = back.cie(augdata=b"\x00")
+    back.fde(c, 0x5000, 0x20, b"\x41\x01" + struct.pack("<Q", 0x5000), absolute=True)  # set_loc backwards
+    assert "advance leaves the FDE range 0x5000..0x5020" in error_of(back.eh)
 
 
 def test_debug_frame_versions_and_64_bit_records() -> None:
