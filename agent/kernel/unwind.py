@@ -240,3 +240,43 @@ class UnwindTables:
     def _update_stats(self) -> None:
         self.stats.tables = len(self._files)
         self.stats.rows_used = sum(f.nrows for f in self._files.values())
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of one mapped file the CFI unwinder can walk (`aiflame doctor --pid`)."""
+
+    path: str
+    text_bytes: int  # executable bytes mapped
+    covered_bytes: int  # of the file's code, inside FDEs
+    rows: int
+    rules_followable: float  # share of the covered rows whose CFA rule BPF follows (not INVALID)
+    error: str = ""
+
+
+def coverage(pid: int) -> list[Coverage]:
+    """Per executable file mapping of `pid`: CFI coverage, rows and what cannot be followed. Builds (or reads
+    from the cache) each table, as the sampler would."""
+    from aiflame.agent.procmaps import read_maps
+    from aiflame.core.errors import TargetGone
+    from aiflame.symbolize.objfmt import cfi
+
+    maps = read_maps(pid)
+    if maps is None:
+        raise TargetGone(f"no process {pid}")
+    out: list[Coverage] = []
+    seen: set[str] = set()
+    for lo, hi, perms, _off, _dev, inode, path in maps:
+        if "x" not in perms or not path.startswith("/") or not inode or path in seen:
+            continue
+        seen.add(path)
+        text = sum(h - lo_ for lo_, h, p, _o, _d, _i, q in maps if q == path and "x" in p)
+        try:
+            table = cfi.load_or_build(f"/proc/{pid}/map_files/{lo:x}-{hi:x}")
+        except (AiflameError, OSError) as e:
+            out.append(Coverage(path, text, 0, 0, 0.0, str(e).replace(f"/proc/{pid}/map_files/{lo:x}-{hi:x}", path)))
+            continue
+        st = table.stats
+        covered_rows = max(st.rows - st.cfa_kinds[cfi.CFA_NONE], 1)  # gap markers end FDEs; they are not rules
+        out.append(Coverage(path, text, st.covered_bytes, st.rows, 1.0 - st.cfa_kinds[cfi.CFA_INVALID] / covered_rows))
+    return out

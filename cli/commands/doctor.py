@@ -21,11 +21,31 @@ __all__ = ["CHECKS", "DESCRIPTION", "EXAMPLES", "HELP", "NAME", "Check", "add_ar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No arguments."""
+    p.add_argument("-p", "--pid", type=int, metavar="PID",
+                   help="also show, per executable file PID maps, how much of its code the CFI unwinder covers")
 
 
 def run(args: argparse.Namespace) -> int:
-    return doctor(Console())
+    console = Console()
+    status = doctor(console)
+    if args.pid is not None:
+        unwind_coverage(console, args.pid)
+    return status
+
+
+def unwind_coverage(console: Console, pid: int) -> None:
+    """A table of the CFI unwinder's coverage of each file `pid` maps: what walks whole, what falls back."""
+    from aiflame.agent.kernel.unwind import coverage
+
+    table = Table(title=f"native unwinding of pid {pid}: CFI per mapped file", title_justify="left")
+    for col in ("file", "code mapped", "CFI covers", "rows", "rules followed", "note"):
+        table.add_column(col)
+    for c in coverage(pid):
+        share = f"{100 * min(c.covered_bytes, c.text_bytes) / c.text_bytes:.1f}%" if c.text_bytes else "-"
+        note = c.error or ("" if c.rows else "no CFI: frame pointers only")
+        table.add_row(c.path, f"{c.text_bytes >> 10} KiB", share if not c.error else "-", str(c.rows),
+                      f"{100 * c.rules_followable:.1f}%" if c.rows else "-", note)
+    console.print(table)
 
 
 @dataclass
