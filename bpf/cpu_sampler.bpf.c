@@ -7,8 +7,8 @@
  *   AIFLAME_MAX_TARGETS    capacity of the target map
  *   AIFLAME_FOLLOW         follow forks of targets (profile -- CMD)
  *   AIFLAME_ALL            sample every process (no target filter)
- *   AIFLAME_KEEP_ONE_IN    the perf event fires this many times per kept sample; each firing is kept with
- *                          probability 1/N, so sampling does not run in lockstep with periodic work
+ *   AIFLAME_KEEP_ONE_IN    the perf event fires this many times per kept sample; one firing of each block of
+ *                          N, at a random position, is kept, so sampling does not run in lockstep with periodic work
  *
  * With runtime probes on, agent/sampler.py appends bpf/runtime_probes.bpf.c to this file (one program text:
  * BCC rewrites map calls and tracepoint arguments only in its main source), so the probes share the target
@@ -409,10 +409,29 @@ static __always_inline int finish_sample(struct bpf_perf_event_data *ctx, struct
     return 0;
 }
 
+#if AIFLAME_KEEP_ONE_IN > 1
+/* Jittered sampling: of each block of AIFLAME_KEEP_ONE_IN firings on a CPU, keep the one at a random position.
+ * The mean rate is exact and each period still gets one sample (as regular sampling does, so shares vary little
+ * between runs), but where in the period it lands is random, so it cannot lock onto a periodic workload. */
+struct thin_state {
+    u32 n;     /* firings so far in this block */
+    u32 pick;  /* the one to keep */
+};
+BPF_PERCPU_ARRAY(thin, struct thin_state, 1);
+#endif
+
 int on_sample(struct bpf_perf_event_data *ctx) {
 #if AIFLAME_KEEP_ONE_IN > 1
-    if (bpf_get_prandom_u32() % AIFLAME_KEEP_ONE_IN != 0)
-        return 0;
+    u32 key = 0;
+    struct thin_state *th = thin.lookup(&key);
+    if (th) {
+        if (th->n == 0)
+            th->pick = bpf_get_prandom_u32() % AIFLAME_KEEP_ONE_IN;
+        u32 keep = th->n == th->pick;
+        th->n = th->n + 1 >= AIFLAME_KEEP_ONE_IN ? 0 : th->n + 1;
+        if (!keep)
+            return 0;
+    }
 #endif
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;

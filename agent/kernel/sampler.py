@@ -62,9 +62,9 @@ class SamplerConfig:
     ringbuf_pages: int = 2048  # 8 MiB: ~4000 samples of slack between drains
     max_targets: int = 16384
     probes: bool = False  # build the runtime probes (uprobes on CUDA, NCCL, gloo, Level Zero calls)
-    # The perf event fires `keep_one_in` times as often as asked and BPF keeps each firing with probability
-    # 1/keep_one_in, so samples land on a fine grid at random, not in lockstep with a periodic workload;
-    # 0 chooses (oversample_for). bench/split_bias.py measures the bias this removes.
+    # The perf event fires `keep_one_in` times as often as asked and BPF keeps one firing of each block of
+    # keep_one_in, at a random position: one sample per period as asked, jittered on a fine grid so it cannot
+    # run in lockstep with a periodic workload; 0 chooses (oversample_for). bench/split_bias.py measures it.
     keep_one_in: int = 0
     # Walk user stacks with .eh_frame tables (bpf/unwind.h) in processes whose mappings the agent described;
     # False: frame pointers only (the kernel's walk), as before CFI unwinding.
@@ -83,8 +83,8 @@ class SamplerConfig:
         """How samples were taken, for the capture header (meta "sampling")."""
         if self.thinning == 1:
             return f"{event} at {self.frequency} Hz per CPU"
-        return (f"{event} at {self.event_frequency} Hz per CPU, each firing kept with probability "
-                f"1/{self.thinning} (mean {self.frequency} Hz)")
+        return (f"{event} at {self.event_frequency} Hz per CPU, one firing in each {self.thinning} kept at a random "
+                f"position ({self.frequency} Hz, jittered)")
 
     def cflags(self) -> list[str]:
         flags = [
