@@ -61,11 +61,10 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
     messages = pair_messages(tl, [])
     named: set[tuple[int, int]] = set()
 
+    slices: list[tuple[int, int, int, int, str, str, dict[str, Any]]] = []
+
     def slice_(pid: int, tid: int, name: str, cat: str, start: int, end: int, args: dict[str, Any]) -> None:
-        lane = tracks.place(pid, tid, start, end)
-        named.add((pid, tid))
-        out.append({"ph": "X", "pid": pid, "tid": lane, "name": name, "cat": cat, "ts": _us(start, base),
-                    "dur": round(max(end - start, 0) / 1000, 3), "args": args})
+        slices.append((pid, tid, start, max(end, start), name, cat, args))
 
     for r, t in sorted(tl.ranks.items()):
         pid = t.pids[0]
@@ -103,6 +102,12 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
             args: dict[str, Any] = {k: v for k, v in dev.args.items() if k in ("stream", "bytes", "direction",
                                                                                 "gpu_ns", "call")}
             slice_(dev.pid, dev.tid, dev.name, cat, dev.start_ns, dev.start_ns + dev.duration_ns, args)
+    # placed in time order (outer slices first), so each track's slices nest
+    for pid, tid, start, end, name, cat, args in sorted(slices, key=lambda x: (x[2], -x[3])):
+        lane = tracks.place(pid, tid, start, end)
+        named.add((pid, lane))
+        out.append({"ph": "X", "pid": pid, "tid": lane, "name": name, "cat": cat, "ts": _us(start, base),
+                    "dur": round((end - start) / 1000, 3), "args": args})
     for pid, tid in sorted(named):
         if tid == NPU_TID:
             continue
