@@ -15,9 +15,10 @@ examples: setup ## build the bundled example workloads (examples/bin/)
 	@$(MAKE) -s -C examples
 
 demo: setup examples ## profile a 2-rank gloo DDP training job: flame graph, Chakra traces, balance report
-	$(PY) -m aiflame profile -F 199 -o out/demo --formats folded,svg,chakra -- $(PY) examples/ddp_gloo.py --steps 10
+	$(PY) -m aiflame profile -F 199 -o out/demo --formats folded,svg,chakra,perfetto -- $(PY) examples/ddp_gloo.py --steps 10
 	$(PY) -m aiflame report comm out/demo/profile.aiflame --plot out/demo/comm.svg
-	@echo "open out/demo/profile.svg and out/demo/comm.svg in a browser; Chakra traces: out/demo/profile.<rank>.et"
+	@echo "open out/demo/profile.svg and out/demo/comm.svg in a browser, out/demo/profile.perfetto.json in ui.perfetto.dev;"
+	@echo "Chakra traces for ASTRA-sim: out/demo/profile.<rank>.et with out/demo/profile.network.yml (docs/chakra.md)"
 
 lint: setup ## ruff, mypy and the layer contracts (lint-imports, see pyproject.toml)
 	$(PY) -m ruff check aiflame core cli agent symbolize exporters tests bench scripts

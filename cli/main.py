@@ -17,6 +17,7 @@ from aiflame.cli.commands import (
     Command,
     agent,
     annotate,
+    chakra,
     doctor,
     export,
     gpu_symbols,
@@ -31,8 +32,8 @@ from aiflame.cli.commands import (
 from aiflame.core.errors import AiflameError
 
 # In the order `aiflame --help` lists them.
-COMMANDS: tuple[Command, ...] = (profile, export, render, report, annotate, import_, gpu_symbols, doctor,
-                                 agent, trigger, status, top)
+COMMANDS: tuple[Command, ...] = (profile, export, render, report, chakra, annotate, import_, gpu_symbols,
+                                 doctor, agent, trigger, status, top)
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 

@@ -8,6 +8,7 @@ from .base import Exporter, ExportError, NothingToExport, Option, Output, frame_
 from .chakra import ChakraExporter
 from .comm_plot import CommPlotExporter
 from .folded import FoldedExporter
+from .perfetto import PerfettoExporter
 from .pprof import PprofExporter
 from .speedscope import SpeedscopeExporter
 from .svg import SvgExporter
@@ -33,6 +34,7 @@ REGISTRY: dict[str, type[Exporter]] = {
         PprofExporter,
         ChakraExporter,
         CommPlotExporter,
+        PerfettoExporter,
     )
 }
 

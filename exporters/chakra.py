@@ -5,13 +5,14 @@ what becomes a node and how nodes depend on each other)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from aiflame.core.model import Profile
 
-from .base import Exporter, Output, write_atomic
-from .chakra_nodes import ChakraError, ChakraTraces, RankTrace, build_traces, node_types
+from .base import Exporter, Option, Output, write_atomic
+from .chakra_nodes import COMP, ChakraError, ChakraTraces, EtNode, RankTrace, RulesBroken, build_traces, node_types
 
 __all__ = ["ChakraError", "ChakraExporter", "decode_et", "encode_rank", "write_traces"]
 
@@ -33,6 +34,20 @@ def _micros(ns: int) -> int:
     return max(ns, 0) // 1000
 
 
+def _durations_micros(nodes: Sequence[EtNode]) -> list[int]:
+    """Whole microseconds per node. COMP nodes are rounded against their running sum, so the rank's compute adds
+    up to what was measured (rounding each up would add up to a microsecond per node)."""
+    out = []
+    acc = 0
+    for n in nodes:
+        if n.type == COMP:
+            out.append((acc + n.duration_ns + 500) // 1000 - (acc + 500) // 1000)
+            acc += n.duration_ns
+        else:
+            out.append(max((n.duration_ns + 500) // 1000, 1 if n.duration_ns > 0 else 0))
+    return out
+
+
 def encode_rank(trace: RankTrace, base_ns: int) -> bytes:
     """The `.et` bytes of one rank: GlobalMetadata, then its nodes; times in µs from `base_ns`."""
     pb, protolib = _schema()
@@ -43,10 +58,9 @@ def encode_rank(trace: RankTrace, base_ns: int) -> bytes:
         pb.AttributeProto(name="world_size", int64_val=trace.world_size),
     ])
     protolib.encodeMessage(buf, meta)
-    for n in trace.nodes:
+    for n, micros in zip(trace.nodes, _durations_micros(trace.nodes), strict=True):
         node = pb.Node(id=n.id, name=n.name, type=n.type, ctrl_deps=n.ctrl_deps, data_deps=n.data_deps,
-                       start_time_micros=_micros(n.start_ns - base_ns),
-                       duration_micros=(n.duration_ns + 999) // 1000)
+                       start_time_micros=_micros(n.start_ns - base_ns), duration_micros=micros)
         for key, (slot, value) in n.attrs.items():
             node.attr.append(pb.AttributeProto(name=key, **{slot: value}))
         protolib.encodeMessage(buf, node)
@@ -87,8 +101,14 @@ def _check_prefix(prefix: Path) -> None:
         raise ChakraError(f"{prefix.parent}: no such directory")
 
 
-def write_traces(prof: Profile, prefix: Path) -> tuple[list[Path], ChakraTraces]:
-    """Write `<prefix>.<rank>.et` for every rank of the capture; returns the files and the traces."""
+def write_traces(prof: Profile, prefix: Path, check: bool = True) -> tuple[list[Path], ChakraTraces]:
+    """Write `<prefix>.<rank>.et` for every rank of the capture, and `<prefix>.network.yml`, an analytical network
+    fitted to the capture's communication (exporters/chakra_network.py); returns the `.et` files and the traces.
+    With `check`, the files are checked against the simulator's input rules (exporters/chakra_check.py) and what
+    they break is in `traces.problems`."""
+    from .chakra_check import check as check_files
+    from .chakra_network import fit_network, network_yaml
+
     prefix = Path(prefix)
     _check_prefix(prefix)
     traces = build_traces(prof)
@@ -98,6 +118,13 @@ def write_traces(prof: Profile, prefix: Path) -> tuple[list[Path], ChakraTraces]
         path = prefix.with_name(f"{prefix.name}.{r}.et")
         write_atomic(path, encode_rank(trace, base))
         written.append(path)
+    traces.network = fit_network(traces)
+    if traces.network is not None:
+        path = prefix.with_name(f"{prefix.name}.network.yml")
+        write_atomic(path, network_yaml(traces.network, traces.timeline.world).encode())
+        traces.extra_files.append(path)
+    if check:
+        traces.problems = check_files(written, world=traces.timeline.world)
     return written, traces
 
 
@@ -108,14 +135,25 @@ class ChakraExporter(Exporter):
     name = "chakra"
     extension = ".et"
     description = "Chakra execution traces for ASTRA-sim, one PREFIX.<rank>.et per rank"
+    options = (Option("check", bool, True, "check the traces against ASTRA-sim's input rules; a broken one "
+                      "fails the export (aiflame chakra check lists them)"),)
     writes_many = True
     whole_capture = True
 
     def render(self, profile: Profile) -> bytes:
         raise ChakraError("chakra writes one file per rank: write() them under a prefix")
 
+    def __init__(self, check: bool = True) -> None:
+        self.check = check
+
     def write(self, profile: Profile, path: Path) -> list[Output]:
-        files, traces = write_traces(profile, path)
-        self.warnings = traces.warnings
-        return [Output(f, f"rank {rank}: " + ", ".join(f"{n} {k}" for k, n in sorted(node_types(t.nodes).items())))
-                for f, (rank, t) in zip(files, sorted(traces.ranks.items()), strict=True)]
+        files, traces = write_traces(profile, path, check=self.check)
+        self.warnings = [*traces.warnings, *(str(p) for p in traces.problems)]
+        errors = [p for p in traces.problems if p.severity == "error"]
+        if errors:
+            raise RulesBroken(f"the traces break {len(errors)} of ASTRA-sim's input rules, the simulator would not "
+                              f"run them to the end (`aiflame chakra check {path}` lists them): {errors[0]}")
+        out = [Output(f, f"rank {rank}: " + ", ".join(f"{n} {k}" for k, n in sorted(node_types(t.nodes).items())))
+               for f, (rank, t) in zip(files, sorted(traces.ranks.items()), strict=True)]
+        return out + [Output(f, "an ASTRA-sim network fitted to the captured communication")
+                      for f in traces.extra_files]

@@ -1,64 +1,91 @@
-"""The nodes of Chakra execution traces, per rank, built from a capture's timed events and CPU samples, holding
-only what ASTRA-sim runs (see shared/facts/chakra.md); exporters/chakra.py encodes and writes them.
+"""The nodes of Chakra execution traces, per rank, that ASTRA-sim's analytical backend replays unedited (its input
+rules: docs/chakra.md), built from the intervals of exporters/rank_timeline.py; exporters/chakra.py encodes and
+writes them. docs/chakra.md explains every mapping decision; in short:
 
-What becomes a node, per rank:
-- a collective: COMM_COLL (`comm_type`, `comm_size`, `comm_priority`, `pg_name`); those the simulator cannot run
-  (reduce, gather, scatter, barrier) become the point-to-point messages they are made of, COMM_SEND/COMM_RECV
-  to or from the root (rank 0 for a barrier: gather, then release), tagged `DECOMPOSED_TAG + n` for the n-th
-  collective of the rank, so the peers' halves meet;
-- a send or recv: COMM_SEND/COMM_RECV (`comm_src`, `comm_dst`, `comm_tag`, `comm_size`), ending at its wait when
-  one was seen; NCCL's carry no tag, so theirs is `P2P_TAG + n` for the n-th message between the two ranks;
-- a kernel launch: a GPU COMP node on its stream (duration from `gpu_ns` when the capture has it, else 0);
-  a host↔device copy: MEM_LOAD (to the device) or MEM_STORE (to the host) with `tensor_size`; a device sync:
-  a zero-length CPU COMP node that waits for its stream;
-- the time between those on the rank's CPU: CPU COMP nodes (`is_cpu_op` true), one per interval between the
-  starts of the calls above, named after the frame most of that interval's samples were in.
+- a collective: COMM_COLL with the `comm_type` and `comm_size` the simulator's model of it expects, identical on
+  every rank and in the same order (the job's collective order, `rank_timeline.match_collectives`). The size is
+  the one the simulator's ring model moves as the real call did (COLLECTIVE_MAP); collectives it cannot run are
+  written as the nearest one it can (a barrier is a 1-byte ALL_REDUCE, never a 0-byte message), with
+  `aiflame_mapped` saying so. The rank's real size stays in `aiflame_bytes`;
+- a send or recv: COMM_SEND/COMM_RECV with `comm_src`, `comm_dst`, `comm_tag` and a `comm_size` > 0 that the
+  two sides agree on, paired across ranks in order;
+- compute: one COMP node per piece of the rank's window between communication boundaries that held compute,
+  lasting only the compute (rank_timeline says how it is measured). These nodes are the work of the simulated
+  NPU: not `is_cpu_op`. On a host-only (CPU) job the NPU is the rank's compute threads; on a rank that launched
+  kernels it is the device: its COMP nodes are the kernels (their device time when the capture has it) and the
+  copies (with `tensor_size`), and host time is not simulated.
 
-Dependencies, all pointing back in time, so the trace is a DAG whose ids grow along every edge: control
-dependencies chain each thread's (and each stream's) nodes in program order and a process group's collectives
-in issue order (the order every rank agrees on); the CPU intervals form one chain; a call issued by the host
-depends on the CPU interval before it (the compute that produced its buffer), and a CPU interval depends on the
-communication and copies that had completed before it began (the capture shows it did not need to wait longer).
+Dependencies all point back in time (ids grow along every edge, so the trace is a DAG): the compute nodes form a
+chain in program order; a communication call depends on the compute piece before it (which made its buffer) and
+on the communication that had ended before it started; collectives are chained in the job's order; a compute
+piece depends on the communication that had ended before it began, so in the simulator compute waits for the
+communication it waited for in the capture, and no longer. Nothing else is emitted: no METADATA, MEM or INVALID
+node and no `is_cpu_op` true (the simulator aborts on them or refuses its overlap statistics).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from aiflame.core.model import EventKind, Frame, FrameKind, Profile, TraceEvent
+from aiflame.core.model import EventKind, Profile, TraceEvent
 
 from .base import ExportError, NothingToExport
+from .rank_timeline import CommOp, JobTimeline, RankTimeline, build_timeline, call_name
 
-MIN_CPU_NS = 1000  # CPU intervals shorter than a microsecond are not worth a node
-DECOMPOSED_TAG = 1 << 30
-P2P_TAG = 1 << 29
+MIN_COMPUTE_NS = 1000  # compute pieces shorter than a microsecond are not worth a node
+P2P_TAG = 1 << 29  # send/recv tags start here, clear of the simulator's collective stream tags (0, 1, 2, ...)
+UNTAGGED = 1 << 30  # sends/recvs without a runtime tag (NCCL): UNTAGGED + n for the n-th between two ranks
+MIN_ALL_GATHER = 64  # an ALL_GATHER below preferred-dataset-splits bytes never finishes in the simulator
 
 # Chakra's NodeType and CollectiveCommType values (et_def.proto), so building needs no protobuf import.
 METADATA, MEM_LOAD, MEM_STORE, COMP, COMM_SEND, COMM_RECV, COMM_COLL = 1, 2, 3, 4, 5, 6, 7
 ALL_REDUCE, REDUCE, ALL_GATHER, GATHER, SCATTER, BROADCAST, ALL_TO_ALL, REDUCE_SCATTER = 0, 1, 2, 3, 4, 5, 6, 7
 NODE_TYPE_NAMES = {MEM_LOAD: "MEM_LOAD", MEM_STORE: "MEM_STORE", COMP: "COMP", COMM_SEND: "COMM_SEND",
                    COMM_RECV: "COMM_RECV", COMM_COLL: "COMM_COLL"}
+COMM_TYPE_NAMES = {ALL_REDUCE: "ALL_REDUCE", ALL_GATHER: "ALL_GATHER", ALL_TO_ALL: "ALL_TO_ALL",
+                   REDUCE_SCATTER: "REDUCE_SCATTER", BROADCAST: "BROADCAST"}
 
-# Runtime call -> the collective ASTRA-sim simulates; the size rule is the converter's: this rank's input.
-COLLECTIVES: dict[str, int] = {
-    "allreduce": ALL_REDUCE, "allgather": ALL_GATHER, "allgatherv": ALL_GATHER, "broadcast": BROADCAST,
-    "alltoall": ALL_TO_ALL, "alltoallv": ALL_TO_ALL,
-    "ncclAllReduce": ALL_REDUCE, "ncclAllGather": ALL_GATHER, "ncclBroadcast": BROADCAST, "ncclBcast": BROADCAST,
-    "ncclAlltoAll": ALL_TO_ALL, "ncclReduceScatter": REDUCE_SCATTER,
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """How one runtime call becomes a simulated collective: its type, the size rule (below), and what the
+    mapping means when the call is not simulated as itself."""
+
+    comm_type: int
+    size: str  # "buffer" | "shard" | "per_peer_share" | "alltoall" | "total" | "barrier"
+    note: str = ""
+
+
+# Sizes in the simulator's ring model (docs/chakra.md): ALL_REDUCE moves its buffer S, ALL_GATHER (N-1) x its
+# shard, REDUCE_SCATTER (N-1)/N x its input, ALL_TO_ALL (N-1)/N x its send buffer (direct) per rank.
+COLLECTIVE_MAP: dict[str, Mapping] = {
+    "allreduce": Mapping(ALL_REDUCE, "buffer"),
+    "ncclAllReduce": Mapping(ALL_REDUCE, "buffer"),
+    "allgather": Mapping(ALL_GATHER, "shard"),
+    "allgatherv": Mapping(ALL_GATHER, "shard"),
+    "ncclAllGather": Mapping(ALL_GATHER, "shard"),
+    "alltoall": Mapping(ALL_TO_ALL, "alltoall"),
+    "alltoallv": Mapping(ALL_TO_ALL, "alltoall"),
+    "ncclAlltoAll": Mapping(ALL_TO_ALL, "total"),
+    "ncclReduceScatter": Mapping(REDUCE_SCATTER, "total"),
+    "reduce": Mapping(ALL_REDUCE, "buffer", "reduce as an ALL_REDUCE of its buffer (a ring reduce moves as much)"),
+    "ncclReduce": Mapping(ALL_REDUCE, "buffer", "reduce as an ALL_REDUCE of its buffer (a ring reduce moves as much)"),
+    "broadcast": Mapping(ALL_GATHER, "per_peer_share",
+                         "broadcast as an ALL_GATHER of buffer/(N-1) bytes: each rank moves the buffer once, as a "
+                         "pipelined broadcast does (BROADCAST is replayed, not simulated: no rank would wait)"),
+    "ncclBroadcast": Mapping(ALL_GATHER, "per_peer_share", "broadcast as an ALL_GATHER of buffer/(N-1) bytes"),
+    "ncclBcast": Mapping(ALL_GATHER, "per_peer_share", "broadcast as an ALL_GATHER of buffer/(N-1) bytes"),
+    "gather": Mapping(ALL_GATHER, "shard", "gather as an ALL_GATHER of each rank's input (the root receives as much)"),
+    "ncclGather": Mapping(ALL_GATHER, "shard", "gather as an ALL_GATHER of each rank's input"),
+    "scatter": Mapping(ALL_GATHER, "shard", "scatter as an ALL_GATHER of each rank's output (the root sends as much)"),
+    "ncclScatter": Mapping(ALL_GATHER, "shard", "scatter as an ALL_GATHER of each rank's output"),
+    "barrier": Mapping(ALL_REDUCE, "barrier", "barrier as a 1-byte ALL_REDUCE"),
 }
-USES_TOTAL = frozenset({"ncclAlltoAll", "ncclReduceScatter"})  # their `bytes` is one block; the input is total
-# Collectives the simulator aborts on, as the messages they are made of: (shape, root when the call has none).
-DECOMPOSED: dict[str, str] = {
-    "reduce": "to_root", "gather": "to_root", "ncclReduce": "to_root", "ncclGather": "to_root",
-    "scatter": "from_root", "ncclScatter": "from_root", "barrier": "barrier",
-}
-SENDS, RECVS = frozenset({"send", "ncclSend"}), frozenset({"recv", "ncclRecv"})
-P2P_WAITS = frozenset({"send_wait", "recv_wait"})  # gloo: the completion of a posted send/recv
-TO_DEVICE, TO_HOST = frozenset({"HtoD"}), frozenset({"DtoH"})
-SYNC_COPIES = frozenset({"cudaMemcpy", "cudaMemset"})  # the host waits for these
 
 
 class ChakraError(ExportError):
@@ -67,6 +94,11 @@ class ChakraError(ExportError):
 
 class NoCommunication(ChakraError, NothingToExport):
     """The capture has no collective, launch or copy: nothing for a trace."""
+
+
+class RulesBroken(ChakraError, NothingToExport):
+    """The traces written break ASTRA-sim's input rules: an error when chakra was asked for alone, a note when it
+    is one of several formats written next to a capture."""
 
 
 @dataclass(slots=True)
@@ -96,324 +128,270 @@ class RankTrace:
     nodes: list[EtNode]
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A collective as every rank writes it."""
+
+    comm_type: int
+    comm_size: int
+    call: str
+    note: str  # how it was mapped, "" when simulated as itself
+
+
 @dataclass(slots=True)
 class ChakraTraces:
-    """The traces of every rank in a capture, and what could not be represented exactly."""
+    """The traces of every rank in a capture, what they were made from, and what could not be represented
+    exactly."""
 
     ranks: dict[int, RankTrace]
+    timeline: JobTimeline
+    collectives: dict[int, Planned] = field(default_factory=dict)  # seq -> how it is written
     warnings: list[str] = field(default_factory=list)
+    network: Any = None  # chakra_network.NetworkFit, once written
+    extra_files: list[Path] = field(default_factory=list)  # written besides the .et files
+    problems: list[Any] = field(default_factory=list)  # chakra_check.Problem of the written files
 
 
-def _int(ev: TraceEvent, key: str, default: int = 0) -> int:
-    v = ev.args.get(key, default)
-    return int(v) if isinstance(v, int | float) else default
+# --- building -------------------------------------------------------------------------------------------------
 
 
-def _call(ev: TraceEvent) -> str:
-    return str(ev.args.get("call", ev.name))
+def plan_collective(parts: dict[int, CommOp], world: int) -> Planned | None:
+    """The type and size one collective gets on every rank, from all ranks' parts of it; None when the call is
+    not one the simulator can stand in for."""
+    call = next(iter(parts.values())).call
+    m = COLLECTIVE_MAP.get(call)
+    if m is None:
+        return None
+    sizes = [op.bytes for op in parts.values() if op.bytes >= 0]
+    biggest = max(sizes, default=0)
+    peers = max(world - 1, 1)
+    if m.size == "barrier":
+        size = 1
+    elif m.size == "per_peer_share":
+        size = math.ceil(biggest / peers)
+    elif m.size == "total":
+        totals = [int(op.event.args.get("total_bytes", 0) or 0) for op in parts.values()]
+        size = max(totals) if all(totals) else biggest * world
+    elif m.size == "alltoall":
+        # what the busiest rank sends to the others, as the send buffer of an even all-to-all that sends as much
+        sent = [op.event.args.get("wire_sent") for op in parts.values()]
+        if all(isinstance(s, int) for s in sent) and world > 1:
+            size = math.ceil(max(int(s or 0) for s in sent) * world / peers)
+        else:
+            size = biggest
+    else:
+        size = biggest
+    note = m.note
+    if m.size == "alltoall" and len(set(sizes)) > 1:
+        note = ("uneven all-to-all as an even one of N/(N-1) x the most any rank sent to the others "
+                "(its real send buffer: aiflame_bytes)")
+    elif m.size in ("buffer", "shard") and len(set(sizes)) > 1 and not note:
+        note = f"ranks' sizes differ ({min(sizes)}..{biggest} B): written at the largest"
+    if m.comm_type == ALL_GATHER and size < MIN_ALL_GATHER:
+        size = MIN_ALL_GATHER
+        note = (note + "; " if note else "") + f"raised to {MIN_ALL_GATHER} B (a smaller ALL_GATHER never finishes)"
+    return Planned(m.comm_type, max(size, 1), call, note)
 
 
-def assign_ranks(prof: Profile, warnings: list[str]) -> tuple[dict[int, int], int]:
-    """pid -> rank for every pid with communication (or any event), and the world size. Ranks come from the
-    events (runtimes or the environment); pids with none get the ranks after the known ones, with a warning."""
-    pid_rank: dict[int, int] = {}
-    world = 0
-    for ev in prof.events:
-        if ev.rank >= 0:
-            pid_rank.setdefault(ev.pid, ev.rank)
-        world = max(world, _int(ev, "world_size"))
-    unranked = sorted({ev.pid for ev in prof.events} - pid_rank.keys())
-    if unranked:
-        nxt = max(pid_rank.values(), default=-1) + 1
-        for pid in unranked:
-            pid_rank[pid] = nxt
-            nxt += 1
-        warnings.append(f"no rank known for pid(s) {', '.join(map(str, unranked))}: numbered after the known ranks")
-    by_rank: dict[int, list[int]] = defaultdict(list)
-    for pid, r in pid_rank.items():
-        by_rank[r].append(pid)
-    for r, pids in by_rank.items():
-        if len(pids) > 1:
-            warnings.append(f"rank {r} is held by several processes ({', '.join(map(str, sorted(pids)))}): merged")
-    world = max(world, max(pid_rank.values(), default=-1) + 1)
-    return pid_rank, world
-
-
-def dominant_frame(stacks: Iterable[tuple[Frame, ...]]) -> tuple[str, int]:
-    """The frame most samples were in, and how many: each sample counts its innermost Python frame, else its
-    innermost user-space native frame (kernel, separator and process frames never name compute)."""
-    counts: Counter[str] = Counter()
-    n = 0
-    for stack in stacks:
-        n += 1
-        pick = next((f for f in reversed(stack) if f.kind == FrameKind.PYTHON), None)
-        if pick is None:
-            pick = next((f for f in reversed(stack) if f.kind in (FrameKind.NATIVE, FrameKind.NATIVE_CPP)), None)
-        if pick is not None:
-            counts[f"{pick.name} ({pick.file})" if pick.kind == FrameKind.PYTHON and pick.file else pick.name] += 1
-    if not counts:
-        return ("cpu" if not n else "[unknown]"), n
-    return counts.most_common(1)[0][0], n
-
-
-@dataclass(slots=True)
-class _Op:
-    """One thing the rank's host issued, before it becomes nodes."""
-
-    ev: TraceEvent
-    end_ns: int
+def pair_messages(timeline: JobTimeline, warnings: list[str]) -> dict[int, tuple[int, int, int]]:
+    """id(op) -> (tag, size, message number) for every send and recv: the k-th send from a to b with a tag meets
+    the k-th receive at b from a with that tag; both get the same tag (clear of the simulator's collective tags),
+    size (> 0) and number."""
+    sends: dict[tuple[int, int, int], list[CommOp]] = defaultdict(list)
+    recvs: dict[tuple[int, int, int], list[CommOp]] = defaultdict(list)
+    for r, t in sorted(timeline.ranks.items()):
+        for op in t.ops:
+            if op.kind == "send":
+                sends[(r, op.peer, op.tag)].append(op)
+            elif op.kind == "recv":
+                recvs[(op.peer, r, op.tag)].append(op)
+    out: dict[int, tuple[int, int, int]] = {}
+    unpaired = pairs = 0
+    for key in sorted(sends.keys() | recvs.keys()):
+        ss, rr = sends.get(key, []), recvs.get(key, [])
+        unpaired += abs(len(ss) - len(rr))
+        for i in range(max(len(ss), len(rr))):
+            pair = [*ss[i:i + 1], *rr[i:i + 1]]
+            user_tag = key[2]
+            tag = P2P_TAG + user_tag if 0 <= user_tag < P2P_TAG else UNTAGGED + i
+            sizes = [op.bytes for op in pair if op.bytes >= 0]
+            if len(set(sizes)) > 1:
+                warnings.append(f"message {key[0]}->{key[1]} tag {user_tag}: {sizes[0]} B sent, {sizes[1]} B "
+                                "received: written as sent")
+            size = max(sizes[0] if sizes else 1, 1)
+            for op in pair:
+                out[id(op)] = (tag, size, pairs)
+            pairs += 1
+    if unpaired:
+        warnings.append(f"{unpaired} sends/receives have no counterpart in the capture (a rank not captured?)")
+    return out
 
 
 class _RankBuilder:
-    def __init__(self, rank: int, world: int, pids: list[int], warnings: list[str]) -> None:
-        self.rank, self.world, self.pids, self.warnings = rank, world, pids, warnings
+    def __init__(self, t: RankTimeline, world: int, plan: dict[int, Planned],
+                 messages: dict[int, tuple[int, int, int]]) -> None:
+        self.t, self.world, self.plan, self.messages = t, world, plan, messages
         self.nodes: list[EtNode] = []
-        self.last_on_lane: dict[tuple[str, int], int] = {}  # (lane kind, thread or stream) -> node id
+        self.pending: list[tuple[int, int]] = []  # (end ns, node id) of finished calls no compute depends on yet
+        self.last_comp: int | None = None
         self.last_coll: int | None = None
-        self.done_comm: list[tuple[int, int]] = []  # (end ns, node id) not yet waited for by the CPU chain
-        self.coll_seq = 0
-        self.p2p_seq: Counter[tuple[int, int]] = Counter()
-        self.posted: dict[tuple[int, int], int] = {}  # gloo (pid, Work*) -> its send/recv node
+        self.last_on_stream: dict[int, int] = {}
 
     def node(self, name: str, type_: int, start: int, dur: int, **attrs: tuple[str, Any]) -> EtNode:
         n = EtNode(len(self.nodes) + 1, name, type_, start, max(dur, 0), dict(attrs))
         self.nodes.append(n)
         return n
 
-    def chain(self, n: EtNode, lane: tuple[str, int]) -> None:
-        prev = self.last_on_lane.get(lane)
-        if prev is not None and prev not in n.ctrl_deps:
-            n.ctrl_deps.append(prev)
-        self.last_on_lane[lane] = n.id
+    @staticmethod
+    def dep(deps: list[int], nid: int | None) -> None:
+        if nid is not None and nid not in deps:
+            deps.append(nid)
 
-    def build(self, events: list[TraceEvent], samples: list[tuple[int, tuple[Frame, ...]]]) -> list[EtNode]:
-        ops = self._ops(events)
-        order = sorted(samples, key=lambda s: s[0])
-        seg_start = min([*(o.ev.start_ns for o in ops), *(t for t, _ in order[:1])], default=0)
-        si = 0
-        cpu_prev: int | None = None
-        for op in [*ops, None]:
-            # the CPU interval before this call (its buffer's producer), or after the last one
-            end = op.ev.start_ns if op is not None else max([seg_start, *(t for t, _ in order[-1:])])
-            if end - seg_start >= MIN_CPU_NS:
-                lo = si
-                while si < len(order) and order[si][0] < end:
-                    si += 1
-                name, n = dominant_frame(st for _, st in order[lo:si])
-                seg = self.node(name, COMP, seg_start, end - seg_start, is_cpu_op=("bool_val", True),
-                                num_samples=("int64_val", n))
-                self._cpu_waits(seg, seg_start)
-                self.chain(seg, ("cpu", 0))
-                cpu_prev = seg.id
-                seg_start = end
-            if op is None:
-                break
-            made = self._op_nodes(op)
-            for node in made:
-                if cpu_prev is not None and cpu_prev not in node.data_deps:
-                    node.data_deps.append(cpu_prev)
-            if made and (op.ev.kind == EventKind.SYNC or _call(op.ev) in SYNC_COPIES):
-                # the host blocked until it returned: the CPU chain continues after it
-                seg_start = max(seg_start, op.end_ns)
-                if made[-1].is_cpu:
-                    cpu_prev = made[-1].id
+    def finished_before(self, start: int) -> list[int]:
+        return [nid for end, nid in self.pending if end <= start]
+
+    def build(self) -> list[EtNode]:
+        t = self.t
+        device_rank = any(e.kind in (EventKind.COMPUTE, EventKind.COPY) for e in t.device)
+        items: list[tuple[int, int, int, object]] = []  # (start, end, order, item)
+        if not device_rank:  # the host's compute threads are the NPU
+            items += [(c.start_ns, c.end_ns, 0, c) for c in t.compute if c.compute_ns >= MIN_COMPUTE_NS]
+        items += [(op.start_ns, op.end_ns, 1, op) for op in t.ops]
+        items += [(e.start_ns, e.start_ns + e.duration_ns, 1, e) for e in t.device]
+        items.sort(key=lambda x: (x[0], x[1], x[2]))
+        for _, _, _, item in items:
+            if isinstance(item, CommOp):
+                self.comm(item)
+            elif isinstance(item, TraceEvent):
+                self.device(item)
+            else:
+                self.compute(item)
         return self.nodes
 
-    def _ops(self, events: list[TraceEvent]) -> list[_Op]:
-        """The rank's events that become nodes, by start, with gloo's send/recv ending at their wait."""
-        waits: dict[tuple[int, int], TraceEvent] = {}
-        for ev in events:
-            if _call(ev) in P2P_WAITS and _int(ev, "work"):
-                waits[(ev.pid, _int(ev, "work"))] = ev
-        out = []
-        for ev in events:
-            call = _call(ev)
-            if ev.kind == EventKind.OTHER:
-                continue
-            end = ev.start_ns + ev.duration_ns
-            w = waits.get((ev.pid, _int(ev, "work"))) if call in SENDS | RECVS else None
-            if w is not None:
-                end = max(end, w.start_ns + w.duration_ns)
-            out.append(_Op(ev, end))
-        out.sort(key=lambda o: (o.ev.start_ns, o.ev.event_id))
-        return out
+    def compute(self, c: Any) -> None:
+        n = self.node(c.name, COMP, c.start_ns, c.compute_ns, is_cpu_op=("bool_val", False),
+                      num_samples=("int64_val", c.samples), aiflame_wall_ns=("int64_val", c.wall_ns),
+                      aiflame_in_comm=("bool_val", c.in_comm))
+        self.dep(n.ctrl_deps, self.last_comp)
+        for nid in self.finished_before(c.start_ns):
+            self.dep(n.data_deps, nid)
+        self.pending = [(e, nid) for e, nid in self.pending if e > c.start_ns]
+        self.last_comp = n.id
 
-    def _cpu_waits(self, seg: EtNode, start: int) -> None:
-        """The communication that had completed before this CPU interval began: it may have waited for it."""
-        keep = []
-        for end, nid in self.done_comm:
-            if end <= start:
-                seg.data_deps.append(nid)
-            else:
-                keep.append((end, nid))
-        self.done_comm = keep
+    def _issued(self, n: EtNode, start: int) -> None:
+        """A call depends on the compute before it and on the calls that had ended before it started."""
+        self.dep(n.data_deps, self.last_comp)
+        for nid in self.finished_before(start):
+            self.dep(n.data_deps, nid)
 
-    def _finished(self, n: EtNode, end: int) -> None:
-        self.done_comm.append((end, n.id))
-
-    def _op_nodes(self, op: _Op) -> list[EtNode]:
-        ev, call = op.ev, _call(op.ev)
-        start, dur = ev.start_ns, op.end_ns - ev.start_ns
-        common = {"tid": ("int64_val", ev.tid), "runtime": ("string_val", str(ev.args.get("runtime", "")))}
-        if ev.kind == EventKind.COLLECTIVE:
-            if call in COLLECTIVES:
-                size = _int(ev, "total_bytes" if call in USES_TOTAL and "total_bytes" in ev.args else "bytes")
-                if "bytes" not in ev.args:
-                    self.warnings.append(f"rank {self.rank}: {call} at {ev.start_ns} ns without a size")
-                if _int(ev, "group_size") and _int(ev, "group_size") != self.world:
-                    self.warnings.append(f"rank {self.rank}: {call} in a subgroup of {_int(ev, 'group_size')} "
-                                         "ranks written to the default group")
-                n = self.node(call, COMM_COLL, start, dur, is_cpu_op=("bool_val", False),
-                              comm_type=("int64_val", COLLECTIVES[call]), comm_size=("int64_val", size),
-                              comm_priority=("int32_val", 0), pg_name=("string_val", ""), **common)
-                self._collective(n, ev)
-                self.coll_seq += 1
-                return [n]
-            if call in DECOMPOSED:
-                made = self._decomposed(ev, call, start, dur, common)
-                self.coll_seq += 1
-                return made
-            if call in SENDS or call in RECVS:
-                return [self._p2p(ev, call, start, dur, common)]
-            self.warnings.append(f"rank {self.rank}: collective {call} is not representable; left out")
-            return []
-        if ev.kind == EventKind.COMPUTE:
-            stream = _int(ev, "stream")
-            n = self.node(ev.name, COMP, start, _int(ev, "gpu_ns"), is_cpu_op=("bool_val", False),
-                          stream=("int64_val", stream), **common)
-            self.chain(n, ("stream", stream))
-            return [n]
-        if ev.kind == EventKind.COPY:
-            direction = str(ev.args.get("direction", ""))
-            stream = _int(ev, "stream")
-            tsize = ("uint64_val", max(_int(ev, "bytes"), 0))
-            if direction in TO_DEVICE or direction in TO_HOST:
-                n = self.node(f"{call} {direction}", MEM_LOAD if direction in TO_DEVICE else MEM_STORE, start, dur,
-                              tensor_size=tsize, is_cpu_op=("bool_val", False), stream=("int64_val", stream), **common)
-            else:  # on the device (DtoD, memset) or host-only: compute of its stream
-                n = self.node(f"{call} {direction}".strip(), COMP, start, dur, tensor_size=tsize,
-                              is_cpu_op=("bool_val", False), stream=("int64_val", stream), **common)
-            self.chain(n, ("stream", stream))
-            if call in SYNC_COPIES:
-                self._finished(n, op.end_ns)
-            return [n]
-        if ev.kind == EventKind.SYNC:
-            n = self.node(call, COMP, start, 0, is_cpu_op=("bool_val", True), **common)
-            self.chain(n, ("cpu", 0))
-            if call in P2P_WAITS:  # gloo: the wait of a posted send/recv
-                posted = self.posted.get((ev.pid, _int(ev, "work")))
-                targets = [posted] if posted is not None else []
-            elif "stream" in ev.args:
-                prev = self.last_on_lane.get(("stream", _int(ev, "stream")))
-                targets = [prev] if prev is not None else []
-            else:  # a device or event sync: every stream
-                targets = [nid for (kind, _), nid in self.last_on_lane.items() if kind == "stream"]
-            n.data_deps.extend(t for t in targets if t not in n.data_deps)
-            self._finished(n, op.end_ns)
-            return [n]
-        return []
-
-    def _collective(self, n: EtNode, ev: TraceEvent) -> None:
-        self.chain(n, ("thread", ev.tid))
-        if self.last_coll is not None and self.last_coll not in n.ctrl_deps:
-            n.ctrl_deps.append(self.last_coll)
-        self.last_coll = n.id
-        self._finished(n, ev.start_ns + ev.duration_ns)
-
-    def _p2p(self, ev: TraceEvent, call: str, start: int, dur: int, common: dict[str, tuple[str, Any]]) -> EtNode:
-        peer = _int(ev, "peer", -1)
-        send = call in SENDS
-        if not 0 <= peer < self.world:
-            self.warnings.append(f"rank {self.rank}: {call} with peer {peer} outside the job")
-        src, dst = (self.rank, peer) if send else (peer, self.rank)
-        if "tag" in ev.args:
-            tag = _int(ev, "tag")
+    def comm(self, op: CommOp) -> None:
+        common = {"tid": ("int64_val", op.tid), "runtime": ("string_val", str(op.event.args.get("runtime", ""))),
+                  "aiflame_bytes": ("int64_val", op.bytes)}
+        if op.kind == "collective":
+            planned = self.plan.get(op.seq) if op.seq >= 0 else None
+            if planned is None:
+                return  # unmatched or not representable: warned about when planned
+            extra: dict[str, tuple[str, Any]] = {"aiflame_seq": ("int64_val", op.seq)}
+            if planned.note:
+                extra["aiflame_mapped"] = ("string_val", planned.note)
+            if op.root >= 0:
+                extra["root"] = ("int32_val", op.root)
+            for key in ("wire_sent", "wire_recv"):
+                v = op.event.args.get(key)
+                if isinstance(v, int):
+                    extra[f"aiflame_{key}"] = ("int64_val", v)
+            n = self.node(op.call, COMM_COLL, op.start_ns, op.duration_ns, is_cpu_op=("bool_val", False),
+                          comm_type=("int64_val", planned.comm_type), comm_size=("int64_val", planned.comm_size),
+                          comm_priority=("int32_val", 0), pg_name=("string_val", ""), **common, **extra)
+            self._issued(n, op.start_ns)
+            self.dep(n.ctrl_deps, self.last_coll)
+            self.last_coll = n.id
+            stream = op.event.args.get("stream")
+            if isinstance(stream, int):
+                self.dep(n.ctrl_deps, self.last_on_stream.get(stream))
+                self.last_on_stream[stream] = n.id
         else:
-            tag = P2P_TAG + self.p2p_seq[(src, dst)]
-            self.p2p_seq[(src, dst)] += 1
-        n = self.node(call, COMM_SEND if send else COMM_RECV, start, dur, is_cpu_op=("bool_val", False),
-                      comm_src=("int32_val", src), comm_dst=("int32_val", dst), comm_tag=("int32_val", tag),
-                      comm_size=("int64_val", _int(ev, "bytes")), **common)
-        self.chain(n, ("thread", ev.tid))
-        self._finished(n, start + dur)
-        if "work" in ev.args:
-            self.posted[(ev.pid, _int(ev, "work"))] = n.id
-        return n
-
-    def _decomposed(self, ev: TraceEvent, call: str, start: int, dur: int,
-                    common: dict[str, tuple[str, Any]]) -> list[EtNode]:
-        shape = DECOMPOSED[call]
-        root = _int(ev, "root", 0)
-        size = _int(ev, "bytes")
-        tag = DECOMPOSED_TAG + self.coll_seq
-        others = [r for r in range(self.world) if r != root]
-        steps: list[tuple[bool, int]] = []  # (send?, peer)
-        if shape == "to_root":
-            steps = [(False, r) for r in others] if self.rank == root else [(True, root)]
-        elif shape == "from_root":
-            steps = [(True, r) for r in others] if self.rank == root else [(False, root)]
-        else:  # barrier: everyone reports to rank 0, which then releases them
-            root, size = 0, 0
-            others = [r for r in range(self.world) if r != 0]
-            steps = ([(False, r) for r in others] + [(True, r) for r in others] if self.rank == 0
-                     else [(True, 0), (False, 0)])
-        made: list[EtNode] = []
-        for send, peer in steps:
-            src, dst = (self.rank, peer) if send else (peer, self.rank)
-            n = self.node(f"{call}:{'send' if send else 'recv'}", COMM_SEND if send else COMM_RECV, start, dur,
+            tag, size, _ = self.messages.get(id(op), (P2P_TAG, max(op.bytes, 1), 0))
+            send = op.kind == "send"
+            src, dst = (self.t.rank, op.peer) if send else (op.peer, self.t.rank)
+            n = self.node(op.call, COMM_SEND if send else COMM_RECV, op.start_ns, op.duration_ns,
                           is_cpu_op=("bool_val", False), comm_src=("int32_val", src), comm_dst=("int32_val", dst),
                           comm_tag=("int32_val", tag), comm_size=("int64_val", size),
-                          root=("int32_val", root), **common)
-            if made:
-                n.ctrl_deps.append(made[-1].id)
+                          aiflame_tag=("int64_val", op.tag), **common)
+            self._issued(n, op.start_ns)
+        self.pending.append((op.end_ns, n.id))
+
+    def device(self, ev: TraceEvent) -> None:
+        """A kernel launch or copy: the device's compute, chained on its stream; a sync: the calls after it wait
+        for the stream (or every stream) it waited for."""
+        call = call_name(ev)
+        stream = int(ev.args.get("stream", 0) or 0)
+        end = ev.start_ns + ev.duration_ns
+        common = {"tid": ("int64_val", ev.tid), "runtime": ("string_val", str(ev.args.get("runtime", ""))),
+                  "stream": ("int64_val", stream)}
+        if ev.kind == EventKind.SYNC:
+            if "stream" in ev.args:
+                targets = [self.last_on_stream.get(stream)]
             else:
-                self._collective(n, ev)
-            made.append(n)
-        if made:
-            self.last_coll = made[-1].id
-            self.last_on_lane[("thread", ev.tid)] = made[-1].id
-            self._finished(made[-1], start + dur)
-        return made
+                targets = list(self.last_on_stream.values())
+            self.pending += [(end, nid) for nid in targets if nid is not None]
+            return
+        if ev.kind == EventKind.COMPUTE:
+            gpu_ns = ev.args.get("gpu_ns")
+            n = self.node(ev.name, COMP, ev.start_ns, int(gpu_ns) if isinstance(gpu_ns, int | float) else 0,
+                          is_cpu_op=("bool_val", False), **common)
+        else:  # a copy: the device's (or copy engine's) work, with its size
+            direction = str(ev.args.get("direction", ""))
+            size = ev.args.get("bytes")
+            gpu_ns = ev.args.get("gpu_ns")
+            dur = int(gpu_ns) if isinstance(gpu_ns, int | float) else ev.duration_ns
+            n = self.node(f"{call} {direction}".strip(), COMP, ev.start_ns, dur, is_cpu_op=("bool_val", False),
+                          **common)
+            if isinstance(size, int) and size > 0:
+                n.attrs["tensor_size"] = ("uint64_val", size)
+        self._issued(n, ev.start_ns)
+        self.dep(n.ctrl_deps, self.last_on_stream.get(stream))
+        self.last_on_stream[stream] = n.id
+        if call in ("cudaMemcpy", "cudaMemset"):  # the host waited for it
+            self.pending.append((end, n.id))
 
 
-def _compute_threads(prof: Profile) -> set[tuple[int, int]]:
-    """The (pid, tid) whose samples name CPU compute: threads that ran Python, else every thread but those that
-    only ran collectives (a communication library's workers and transport threads)."""
-    threads = {(s.pid, s.tid) for s in prof.samples}
-    python = {(s.pid, s.tid) for s in prof.samples if any(f.kind == FrameKind.PYTHON for f in s.stack)}
-    python_pids = {pid for pid, _ in python}
-    comm = {(e.pid, e.tid) for e in prof.events if e.kind == EventKind.COLLECTIVE and e.tid != e.pid}
-    return {t for t in threads if (t in python if t[0] in python_pids else t not in comm)}
-
-
-def build_traces(prof: Profile) -> ChakraTraces:
+def build_traces(prof: Profile, timeline: JobTimeline | None = None) -> ChakraTraces:
     """Per-rank Chakra nodes for a symbolized capture; raises ChakraError when it has no communication."""
-    warnings: list[str] = []
     comm = [e for e in prof.events if e.kind in (EventKind.COLLECTIVE, EventKind.COMPUTE, EventKind.COPY)]
     if not comm:
         raise NoCommunication("no collectives, kernel launches or copies in this capture: nothing for a Chakra trace "
                           "(was it taken with --no-runtimes, or does the job use no probed runtime?)")
-    pid_rank, world = assign_ranks(prof, warnings)
-    events: dict[int, list[TraceEvent]] = defaultdict(list)
-    for ev in prof.events:
-        events[pid_rank[ev.pid]].append(ev)
-    samples: dict[int, list[tuple[int, tuple[Frame, ...]]]] = defaultdict(list)
-    naming = _compute_threads(prof)
-    for s in prof.samples:
-        r = pid_rank.get(s.pid)
-        if r is not None and s.time_ns and (s.pid, s.tid) in naming:
-            samples[r].append((s.time_ns, s.stack))
+    tl = timeline or build_timeline(prof)
+    warnings = list(tl.warnings)
+    plan: dict[int, Planned] = {}
+    skipped: Counter[str] = Counter()
+    for seq, parts in sorted(tl.collectives().items()):
+        p = plan_collective(parts, tl.world)
+        if p is None:
+            skipped[next(iter(parts.values())).call] += 1
+        else:
+            plan[seq] = p
+    for call, n in sorted(skipped.items()):
+        warnings.append(f"collective {call} ({n}x) has no counterpart in the simulator: left out")
+    for r, t in tl.ranks.items():
+        for op in t.ops:
+            if op.kind == "collective" and op.bytes < 0 and op.call != "barrier":
+                warnings.append(f"rank {r}: {op.call} at {op.event.start_ns} ns without a size")
+            gs = op.event.args.get("group_size")
+            if op.kind == "collective" and isinstance(gs, int) and gs and gs != tl.world:
+                warnings.append(f"rank {r}: {op.call} in a subgroup of {gs} ranks written to the default group")
+    messages = pair_messages(tl, warnings)
     out: dict[int, RankTrace] = {}
-    for r in sorted(set(pid_rank.values())):
-        pids = sorted(p for p, rr in pid_rank.items() if rr == r)
-        nodes = _RankBuilder(r, world, pids, warnings).build(events[r], samples[r])
+    for r, t in sorted(tl.ranks.items()):
+        nodes = _RankBuilder(t, tl.world, plan, messages).build()
         if not nodes:
             warnings.append(f"rank {r}: no nodes")
-        out[r] = RankTrace(r, world, pids, nodes)
-    missing = sorted(set(range(world)) - out.keys())
+        out[r] = RankTrace(r, tl.world, t.pids, nodes)
+    missing = sorted(set(range(tl.world)) - out.keys())
     if missing:
-        warnings.append(f"ranks {', '.join(map(str, missing))} of {world} were not captured: no file for them")
-    return ChakraTraces(out, warnings)
+        warnings.append(f"ranks {', '.join(map(str, missing))} of {tl.world} were not captured: no file for them")
+    return ChakraTraces(out, tl, plan, warnings)
 
 
 def node_types(nodes: Sequence[EtNode]) -> Counter[str]:

@@ -26,6 +26,8 @@ EXAMPLES = """examples:
   aiflame export out/profile.aiflame --format speedscope -o prof.json
   aiflame export out/profile.aiflame --format chakra -o traces/job   one traces/job.<rank>.et per rank
   aiflame report comm out/profile.aiflame     collectives per rank, imbalance flagged, plot
+  aiflame report sim out/profile.aiflame sim.log   ASTRA-sim's replay of the Chakra traces beside the capture
+  aiflame chakra check traces/job             the simulator's input rules on traces/job.<rank>.et
   aiflame render out/profile.folded -o flame.svg --opt title="my job"
   aiflame doctor                              what this host supports
 """

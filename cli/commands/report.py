@@ -1,6 +1,9 @@
 """`aiflame report comm CAPTURE`: the collective-balance report. Per collective and rank: calls, bytes and time;
 ranks whose counts, sizes or times differ from their peers' beyond a threshold are flagged; and the comm plot
-(exporters/comm_plot.py) shows where the imbalance is."""
+(exporters/comm_plot.py) shows where the imbalance is.
+
+`aiflame report sim CAPTURE SIM_LOG`: ASTRA-sim's replay of the capture's Chakra traces beside the capture
+(exporters/sim_report.py): per rank, simulated and measured time, and exposed communication."""
 
 from __future__ import annotations
 
@@ -11,17 +14,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aiflame.cli.commands import UsageError
+from aiflame.cli.commands import UsageError, warn
 from aiflame.core.errors import BadInput
 from aiflame.core.model import Profile
 from aiflame.exporters.comm_plot import CommPlotExporter, Flag, comm_totals, imbalance
 from aiflame.exporters.event_totals import human_bytes
+from aiflame.exporters.sim_report import Row
 
 NAME = "report"
-HELP = "reports over a capture (comm: collective balance across ranks)"
+HELP = "reports over a capture (comm: collective balance across ranks; sim: ASTRA-sim's replay beside it)"
 DESCRIPTION = ""
 EXAMPLES = ""
-__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "ReportError", "add_arguments", "report_comm", "run"]
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "ReportError", "add_arguments", "report_comm", "report_sim",
+           "run"]
 
 
 class ReportError(BadInput):
@@ -40,11 +45,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ignore time differences smaller than this many ms, whatever their ratio (5)")
     c.add_argument("--plot", type=Path, help="SVG plot of bytes per rank (default: next to the capture, .comm.svg)")
     c.add_argument("--no-plot", action="store_true", help="do not write the plot")
+    s = kinds.add_parser("sim", help="ASTRA-sim's replay of the Chakra export beside the capture: per-rank time and "
+                         "exposed communication, simulated and measured")
+    s.add_argument("capture", type=Path, help="the .aiflame capture the Chakra traces were exported from")
+    s.add_argument("sim_log", type=Path, metavar="SIM_LOG",
+                   help="the simulator's output saved to a file, or its --logging-folder (log.log)")
 
 
 def run(args: argparse.Namespace) -> int:
     from aiflame.cli.stack_view import load_profile
 
+    if args.report == "sim":
+        report_sim(load_profile(args.capture), args.sim_log, Console())
+        return 0
     if args.threshold < 0 or args.time_threshold < 0 or args.min_time_ms < 0:
         raise UsageError("thresholds must be >= 0")
     prof = load_profile(args.capture)  # a capture, never a folded file
@@ -88,3 +101,36 @@ def report_comm(prof: Profile, console: Console, size_threshold: float, time_thr
         CommPlotExporter(title=title, threshold=size_threshold).write(prof, plot)
         console.print(f"wrote {plot}", highlight=False)
     return flags
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def _ms(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.1f}"
+
+
+def report_sim(prof: Profile, sim_log: Path, console: Console) -> list[Row]:
+    """Print the simulated and measured figures per rank; returns the rows."""
+    from aiflame.exporters.rank_timeline import build_timeline
+    from aiflame.exporters.sim_report import compare, read_sim_log
+    from aiflame.exporters.sim_report import problems as sim_problems
+
+    timeline = build_timeline(prof)
+    sim = read_sim_log(sim_log)
+    rows = compare(timeline, sim)
+    t = Table(title="ASTRA-sim vs capture, ms", title_justify="left")
+    for col in ("rank", "time", "sim", "err", "exposed", "sim", "err", "compute", "idle"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r.rank), _ms(r.measured_ns), _ms(r.simulated_ns), _pct(r.step_error),
+                  _ms(r.measured_exposed_ns), _ms(r.simulated_exposed_ns), _pct(r.exposed_error),
+                  _ms(r.compute_ns), _ms(r.idle_ns))
+    console.print(t)
+    console.print("time: from the last rank's first communication call to the rank's last; exposed: communication "
+                  "in flight while the rank did not compute; idle: blocked outside communication (not in the trace, "
+                  "so not simulated); err: simulated vs measured", highlight=False)
+    for line in sim_problems(timeline, sim):
+        warn(line)
+    return rows

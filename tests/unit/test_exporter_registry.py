@@ -84,11 +84,13 @@ def test_chakra_through_the_registry(tmp_path: Path) -> None:
     prefix = exporter.output_path(tmp_path / "job")
     assert prefix == tmp_path / "job"
     written = exporter.write(gloo_job(), prefix)
-    assert [o.path.name for o in written] == ["job.0.et", "job.1.et"]
-    assert all(o.summary.startswith(f"rank {r}: ") and "COMM_COLL" in o.summary for r, o in enumerate(written))
+    assert [o.path.name for o in written] == ["job.0.et", "job.1.et", "job.network.yml"]
+    ets = written[:2]
+    assert all(o.summary.startswith(f"rank {r}: ") and "COMM_COLL" in o.summary for r, o in enumerate(ets))
     files, _ = write_traces(gloo_job(), tmp_path / "direct")
-    assert [f.read_bytes() for f in files] == [o.path.read_bytes() for o in written]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["job.0.et", "job.1.et", *(f.name for f in files)])
+    assert [f.read_bytes() for f in files] == [o.path.read_bytes() for o in ets]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["job.0.et", "job.1.et", "job.network.yml", *(f.name for f in files), "direct.network.yml"])
     with pytest.raises(ChakraError, match="one file per rank"):
         exporter.render(gloo_job())
     with pytest.raises(NothingToExport, match="nothing for a Chakra trace"):

@@ -1,0 +1,113 @@
+"""The simulator beside the capture: ASTRA-sim's per-rank time and exposed communication (its output lines
+`sys[i] finished, T cycles, exposed communication E cycles.`, 1 cycle = 1 ns) set against what the capture
+measured over the same window (exporters/rank_timeline.py): the rank's window, and the time communication was in
+flight while the rank did not compute. The simulator counts as exposed everything that is not compute
+(E = T - compute), so the capture's idle time (blocked outside communication, which the trace does not carry)
+is shown apart."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import ExportError
+from .rank_timeline import JobTimeline
+
+FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles")
+CRITICAL = re.compile(r"\[critical\]|Assertion .* failed|terminate called")
+
+
+class SimLogError(ExportError):
+    """The simulator's output cannot be read, or holds no result; one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimRank:
+    rank: int
+    finished_ns: int
+    exposed_ns: int
+
+
+@dataclass(slots=True)
+class SimResult:
+    ranks: dict[int, SimRank]
+    critical: list[str] = field(default_factory=list)  # lines saying the run went wrong
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One rank: measured and simulated (ns)."""
+
+    rank: int
+    measured_ns: int
+    simulated_ns: int | None
+    measured_exposed_ns: int
+    simulated_exposed_ns: int | None
+    compute_ns: int
+    idle_ns: int
+
+    @staticmethod
+    def _error(sim: int | None, meas: int) -> float | None:
+        if sim is None or meas <= 0:
+            return None
+        return (sim - meas) / meas
+
+    @property
+    def step_error(self) -> float | None:
+        return self._error(self.simulated_ns, self.measured_ns)
+
+    @property
+    def exposed_error(self) -> float | None:
+        return self._error(self.simulated_exposed_ns, self.measured_exposed_ns)
+
+
+def read_sim_log(path: Path) -> SimResult:
+    """The simulator's result from its output saved to a file, or from a logging folder (its log.log)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "log.log"
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as e:
+        raise SimLogError(f"{p}: {e.strerror or e}") from None
+    return parse_sim_log(text, str(p))
+
+
+def parse_sim_log(text: str, name: str = "the simulator's output") -> SimResult:
+    ranks: dict[int, SimRank] = {}
+    critical = []
+    for line in text.splitlines():
+        m = FINISHED.search(line)
+        if m:
+            r = int(m.group(1))
+            ranks[r] = SimRank(r, int(m.group(2)), int(m.group(3)))
+        elif CRITICAL.search(line):
+            critical.append(line.strip())
+    if not ranks and not critical:
+        raise SimLogError(f"{name}: no 'sys[i] finished' line: not ASTRA-sim's output, or the run did not finish")
+    return SimResult(ranks, critical)
+
+
+def compare(timeline: JobTimeline, sim: SimResult) -> list[Row]:
+    """One row per rank of the capture (and per rank only the simulator has)."""
+    rows = []
+    for r in sorted(timeline.ranks.keys() | sim.ranks.keys()):
+        t = timeline.ranks.get(r)
+        s = sim.ranks.get(r)
+        m = t.measured if t is not None else None
+        rows.append(Row(r, m.window_ns if m else 0, s.finished_ns if s else None, m.exposed_ns if m else 0,
+                        s.exposed_ns if s else None, m.compute_ns if m else 0, m.idle_ns if m else 0))
+    return rows
+
+
+def problems(timeline: JobTimeline, sim: SimResult) -> list[str]:
+    """What makes the comparison doubtful: ranks that did not finish, critical lines."""
+    out = []
+    unfinished = sorted(timeline.ranks.keys() - sim.ranks.keys())
+    if unfinished:
+        out.append(f"rank(s) {', '.join(map(str, unfinished))} did not finish in the simulation (mismatched "
+                   "collectives or messages: check the traces with `aiflame chakra check`)")
+    if sim.critical:
+        out.append(f"the simulator reported {len(sim.critical)} critical line(s), e.g.: {sim.critical[0][:200]}")
+    return out

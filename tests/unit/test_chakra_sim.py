@@ -1,0 +1,140 @@
+"""What goes with the Chakra traces to the simulator and back: the network fitted to a capture, the comparison of
+ASTRA-sim's output with the capture (`aiflame report sim`), and the Perfetto timeline made of the same intervals,
+checked against the trace-event format (Chrome's Trace Event Format document: the JSON object form, complete
+"X" events with ts/dur in microseconds, "M" metadata, "i" instants, "s"/"f" flows, and slices on one thread that
+nest)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from aiflame.cli.commands.report import report_sim
+from aiflame.core.model import Profile
+from aiflame.exporters import REGISTRY, get_exporter
+from aiflame.exporters.chakra import write_traces
+from aiflame.exporters.chakra_network import fit_network, network_yaml
+from aiflame.exporters.chakra_nodes import COMP, build_traces
+from aiflame.exporters.perfetto import NPU_TID
+from aiflame.exporters.rank_timeline import build_timeline
+from aiflame.exporters.sim_report import SimLogError, compare, parse_sim_log, problems
+from tests.unit.test_chakra import MS, ev, gloo_job, timed_job
+
+LOG = "".join(f"[2026-11-25 15:27:16.872] [workload] [info] sys[{r}] finished, {t} cycles, exposed communication "
+              f"{e} cycles.\n[2026-11-25 15:27:16.872] [statistics] [info] sys[{r}], Wall time: {t}\n"
+              for r, t, e in ((0, 50_000_000, 13_000_000), (1, 49_000_000, 12_000_000)))
+
+
+def test_network_fit_recovers_latency_and_bandwidth() -> None:
+    """All-reduces that took 16 x 1 µs latency plus 1 ns per byte (2 ranks, 4 splits in the model)."""
+    prof = Profile()
+    t = 0
+    for size in (64, 64, 1 << 20, 4096):
+        for r in (0, 1):
+            prof.events.append(ev(r, "allreduce", t + 1000 * r, 16_000 + size + 1000 * (1 - r), tid=7, bytes=size))
+        t += 10 * MS
+    fit = fit_network(build_traces(prof))
+    assert fit is not None and fit.calls == 4
+    assert fit.latency_ns == pytest.approx(1000, rel=0.1)
+    assert fit.bandwidth_gibps == pytest.approx(1e9 / (1 << 30), rel=0.01)  # 1 byte per ns
+    text = network_yaml(fit, 2)
+    assert "topology: [ Switch ]" in text and "npus_count: [ 2 ]" in text and "bandwidth: [ 0.93" in text
+
+
+def test_export_writes_the_network_and_checks(tmp_path: Path) -> None:
+    files, traces = write_traces(timed_job(), tmp_path / "job")
+    assert [p.name for p in traces.extra_files] == ["job.network.yml"] and traces.problems == []
+    assert "latency:" in (tmp_path / "job.network.yml").read_text()
+
+
+def test_sim_log_compared_with_the_capture() -> None:
+    tl = build_timeline(timed_job())
+    rows = compare(tl, parse_sim_log(LOG))
+    assert [(r.rank, r.measured_ns, r.simulated_ns, r.measured_exposed_ns) for r in rows] == \
+        [(0, 49 * MS, 50 * MS, 12 * MS), (1, 49 * MS, 49 * MS, 12 * MS)]
+    assert rows[0].step_error == pytest.approx(1 / 49) and rows[0].exposed_error == pytest.approx(1 / 12)
+    assert problems(tl, parse_sim_log(LOG)) == []
+    half = parse_sim_log(LOG.splitlines()[0] + "\n[x] [HardwareResource] [critical] GPU comm node id: 56\n")
+    assert [p.split(" ")[0] for p in problems(tl, half)] == ["rank(s)", "the"]
+    with pytest.raises(SimLogError, match="no 'sys"):
+        parse_sim_log("hello\n")
+
+
+def test_report_sim_prints_a_table(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "log.log").write_text(LOG)
+    console = Console(record=True, width=120)
+    rows = report_sim(timed_job(), log, console)
+    text = console.export_text()
+    assert len(rows) == 2 and "+2.0%" in text and "+8.3%" in text
+
+
+# --- Perfetto ----------------------------------------------------------------------------------------------------
+
+PHASES = {"X", "M", "i", "s", "f"}
+
+
+def check_trace_events(doc: dict[str, Any]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """The trace-event format's rules our writer uses; returns the complete events per (pid, tid)."""
+    assert isinstance(doc["traceEvents"], list) and doc.get("displayTimeUnit") in ("ms", "ns")
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    flows: dict[int, list[str]] = defaultdict(list)
+    for e in doc["traceEvents"]:
+        assert e["ph"] in PHASES and isinstance(e["pid"], int) and isinstance(e["name"], str)
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "process_sort_index", "thread_name", "thread_sort_index")
+            assert isinstance(e["args"], dict)
+            continue
+        assert isinstance(e["tid"], int) and isinstance(e["ts"], int | float) and e["ts"] >= 0
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int | float) and e["dur"] >= 0 and isinstance(e.get("args", {}), dict)
+            tracks[(e["pid"], e["tid"])].append(e)
+        elif e["ph"] in "sf":
+            flows[e["id"]].append(e["ph"])
+        else:
+            assert e["s"] in "gpt"
+    assert all(sorted(f) == ["f", "s"] for f in flows.values()), flows
+    for evs in tracks.values():  # slices on one track nest: each ends before its parent does
+        stack: list[float] = []
+        for e in sorted(evs, key=lambda x: (x["ts"], -x["dur"])):
+            while stack and stack[-1] <= e["ts"] + 1e-9:
+                stack.pop()
+            end = e["ts"] + e["dur"]
+            assert not stack or end <= stack[-1] + 1e-6, (e, stack)
+            stack.append(end)
+    return tracks
+
+
+@pytest.mark.parametrize("make", [timed_job, gloo_job])
+def test_perfetto_timeline_follows_the_format_and_the_chakra_nodes(make: Any) -> None:
+    assert REGISTRY["perfetto"].extension == ".perfetto.json"
+    prof = make()
+    doc = json.loads(get_exporter("perfetto").render(prof))
+    tracks = check_trace_events(doc)
+    traces = build_traces(prof)
+    base = prof.start_ns or traces.timeline.start_ns
+    for r, t in traces.ranks.items():
+        pid = t.pids[0]
+        npu = [e for e in tracks[(pid, NPU_TID)] if e["cat"] == "compute"]
+        comp = [n for n in t.nodes if n.type == COMP]
+        # the compute slices are the COMP nodes: same starts and durations (µs)
+        assert [(round(e["ts"], 3), round(e["dur"], 3)) for e in npu if e["dur"] >= 1] == \
+            [(round((n.start_ns - base) / 1000, 3), round(n.duration_ns / 1000, 3)) for n in comp]
+        colls = [e for evs in tracks.values() for e in evs if e["pid"] == pid and e["cat"] == "collective"]
+        assert len(colls) == sum(1 for op in traces.timeline.ranks[r].ops if op.kind == "collective")
+        assert all("simulated_as" in e["args"] and "bytes" in e["args"] for e in colls)
+    p2p = [e for evs in tracks.values() for e in evs if e["cat"] == "p2p"]
+    assert p2p and all("peer" in e["args"] and "bytes" in e["args"] for e in p2p)
+    names = [e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
+    assert names == ["rank 0 (pid 100)", "rank 1 (pid 101)"]
+
+
+def test_perfetto_without_events_is_an_empty_timeline() -> None:
+    doc = json.loads(get_exporter("perfetto").render(Profile()))
+    assert doc["traceEvents"] == []
