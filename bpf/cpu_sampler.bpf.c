@@ -511,13 +511,17 @@ static __always_inline void emit_proc(u32 kind, u32 pid, u32 child) {
 }
 
 #ifdef AIFLAME_FOLLOW
-/* The forking task is current; a new thread of a target is harmless in the map and the agent prunes it. */
-TRACEPOINT_PROBE(sched, sched_process_fork) {
+/* A new task of a target: a new process is followed, a new thread needs nothing (samples are matched by
+ * process), so a flood of short threads never touches the map. The parent is current (copy_process). */
+#define AIFLAME_CLONE_THREAD 0x00010000
+TRACEPOINT_PROBE(task, task_newtask) {
+    if (args->clone_flags & AIFLAME_CLONE_THREAD)
+        return 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     u32 target = target_flags(tgid);
     if (!target)
         return 0;
-    u32 child = args->child_pid;
+    u32 child = args->pid;
     if (targets.update(&child, &target) != 0)
         count(CNT_TARGETS_FULL);
     emit_proc(REC_FORK, tgid, child);
@@ -534,11 +538,18 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     return 0;
 }
 
+/* A target's last thread exits: its entries go at once, so the maps hold live processes only even when the
+ * exit record is lost (the agent removes them again on the record). */
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!args->group_dead || !is_target(tgid))
         return 0;
     emit_proc(REC_EXIT, tgid, 0);
+#ifndef AIFLAME_ALL
+    targets.delete(&tgid);
+#endif
+    py_procs.delete(&tgid);
+    unwind_procs.delete(&tgid);
     return 0;
 }
 

@@ -4,6 +4,7 @@ every CPU, and drains its ring buffer on the caller's timer (records are submitt
 from __future__ import annotations
 
 import ctypes
+import errno
 import struct
 import threading
 from collections.abc import Callable, Iterable
@@ -327,7 +328,14 @@ class CpuSampler:
             self._on_probe(rec)
 
     def add_target(self, pid: int) -> None:
-        self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TARGET_ON))
+        """Sample `pid` (and its threads). A full target map raises SamplerError: the map holds live processes
+        only (BPF drops each at its exit), so it is full only when that many targets really run."""
+        try:
+            self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TARGET_ON))
+        except OSError as e:
+            if e.errno in (errno.E2BIG, errno.ENOMEM):
+                raise SamplerError(f"cannot watch pid {pid}: {self.config.max_targets} targets already") from None
+            raise
 
     def _set_target_flags(self, pid: int, flags: int) -> None:
         """Change a target's flags; a pid that is not a target stays out."""
