@@ -27,12 +27,8 @@ from aiflame.core.errors import HostError, InternalError
 from aiflame.core.python_layouts import PyLayout, PythonLayoutError, layout_for
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
-from aiflame.symbolize.python.code import (
-    ProcessMemory,
-    ProcessMemoryError,
-    PythonObjectError,
-    read_type_name,
-)
+from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
+from aiflame.symbolize.python.code import PythonObjectError, read_type_name
 
 __all__ = [
     "PyTarget",
