@@ -7,12 +7,16 @@ Footer; the reader rejects foreign, truncated or corrupt files with one clear Ca
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+import platform
+import socket
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
+from aiflame import __version__
 from aiflame.core import aiflame_capture_pb2 as pb
 from aiflame.core.errors import BadInput
 from aiflame.core.raw import (
@@ -51,6 +55,25 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def new_header(frequency_hz: int, event: str, argv: Sequence[str], target: str,
+               meta: dict[str, str] | None = None) -> CaptureHeader:
+    """The header of a capture that starts now on this host: format and aiflame versions, host, kernel and
+    machine, and the start on both clocks (samples carry CLOCK_MONOTONIC times)."""
+    return CaptureHeader(
+        FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(), frequency_hz,
+        event, time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC), list(argv), target, dict(meta or {}),
+    )
+
+
+def is_capture(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at `path` starts with the capture MAGIC; CaptureError when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError as e:
+        raise CaptureError(f"{os.fsdecode(path)}: {e.strerror}") from None
+
+
 def header_to_pb(h: CaptureHeader) -> pb.Header:
     m = pb.Header(
         format_version=h.format_version, aiflame_version=h.aiflame_version, host=h.host, kernel=h.kernel,
@@ -60,6 +83,11 @@ def header_to_pb(h: CaptureHeader) -> pb.Header:
     m.argv.extend(h.argv)
     m.meta.update(h.meta)
     return m
+
+
+def header_from_pb(h: pb.Header) -> CaptureHeader:
+    return CaptureHeader(h.format_version, h.aiflame_version, h.host, h.kernel, h.machine, h.frequency_hz, h.event,
+                         h.start_wall_ns, h.start_mono_ns, list(h.argv), h.target, dict(h.meta))
 
 
 def sample_to_pb(s: RawSample) -> pb.Sample:
@@ -282,10 +310,7 @@ def read_capture(path: Path) -> Capture:
                 raise CaptureError(
                     f"{name}: capture format {h.format_version} is newer than this aiflame reads ({FORMAT_VERSION})"
                 )
-            cap = Capture(CaptureHeader(
-                h.format_version, h.aiflame_version, h.host, h.kernel, h.machine, h.frequency_hz, h.event,
-                h.start_wall_ns, h.start_mono_ns, list(h.argv), h.target, dict(h.meta),
-            ))
+            cap = Capture(header_from_pb(h))
             continue
         assert cap is not None
         if cap.footer is not None:
