@@ -1,4 +1,6 @@
-"""ctypes mirrors of bpf/aiflame.h. A test compares them with the layouts BCC reads from the C header."""
+"""ctypes mirrors of bpf/aiflame.h. Tests compare them with the C: the struct layouts as BCC compiles them
+(tests/integration/test_records_layout.py), the constants and enums as the header writes them
+(tests/unit/test_records.py). The Python walk's flags (PY_*) are core.raw.PyFlag: symbolization reads them."""
 
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ CALL_STR = 128
 PATH_LEN = 256
 
 
-class PyFlag(enum.IntFlag):
-    PRESENT = 1
-    TSTATE = 2
-    TRUNCATED = 4
-    READ_ERR = 8
+class TargetFlag(enum.IntFlag):
+    """Values of the sampler's targets map (TARGET_*)."""
+
+    ON = 1  # sample and probe this process
+    PY = 2  # it has a Python walker layout in py_procs
 
 
 class RecKind(enum.IntEnum):

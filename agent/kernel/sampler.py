@@ -28,6 +28,7 @@ from aiflame.agent.kernel.records import (
     RecKind,
     RetRec,
     SampleRec,
+    TargetFlag,
 )
 from aiflame.agent.kernel.ringbuf import RingBuffer
 from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
@@ -230,7 +231,6 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
     return None
 
 
-TARGET_ON, TARGET_PY = 1, 2  # flags of the targets map, as in cpu_sampler.bpf.c
 DETACH_THREADS = 32
 
 
@@ -327,7 +327,7 @@ class CpuSampler:
             self._on_probe(rec)
 
     def add_target(self, pid: int) -> None:
-        self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TARGET_ON))
+        self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TargetFlag.ON))
 
     def _set_target_flags(self, pid: int, flags: int) -> None:
         """Change a target's flags; a pid that is not a target stays out."""
@@ -353,10 +353,10 @@ class CpuSampler:
     def set_python(self, pid: int, proc: PyProcRec) -> None:
         """Turn on the Python walk for `pid` with its layout (or update it)."""
         self._bpf.maps["py_procs"].update(_U32.pack(pid), bytes(proc))
-        self._set_target_flags(pid, TARGET_ON | TARGET_PY)
+        self._set_target_flags(pid, TargetFlag.ON | TargetFlag.PY)
 
     def clear_python(self, pid: int) -> None:
-        self._set_target_flags(pid, TARGET_ON)
+        self._set_target_flags(pid, TargetFlag.ON)
         self._bpf.maps["py_procs"].delete(_U32.pack(pid))
 
     def targets(self) -> list[int]:
