@@ -2,7 +2,7 @@
 as GpuCode), kernel creation (handle -> name), kernel launches (group counts), copies and fills, command-list
 submission and host synchronization. Where a library carries the USDT probes of iaprof's patched compute
 runtime, `level_zero:launch_kernel(iba, start VA, size, name)` and `level_zero:compile_kernel(debug zebin
-path)`, their sites are probed too: kernel placements for mapping Xe EU-stall IPs (symbolize/xe_eu_stall.py).
+path)`, their sites are probed too: kernel placements for mapping Xe EU-stall IPs (symbolize/vendor/xe_eu_stall.py).
 
 Only libze_loader is probed: the driver (libze_intel_gpu) and the layers are reached through the loader's
 dispatch tables, not by exported names, so each API call is one event. Struct offsets below are from
