@@ -23,6 +23,7 @@ from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
+    CodeInfo,
     GpuCode,
     Mapping,
     ProcessSnapshot,
@@ -208,10 +209,11 @@ class CaptureWriter:
         self._write(pb.Record(process=process_to_pb(p)))
 
     def add_py_code(self, c: PyCode) -> None:
+        i = c.info
         self._write(pb.Record(py_code=pb.PyCode(
-            pid=c.pid, addr=c.addr, time_ns=c.time_ns, qualname=c.qualname, filename=c.filename,
-            firstlineno=c.firstlineno, line_table=c.line_table, version_major=c.version[0],
-            version_minor=c.version[1], first_instr_offset=c.first_instr_offset,
+            pid=c.pid, addr=c.addr, time_ns=c.time_ns, qualname=i.qualname, filename=i.filename,
+            firstlineno=i.firstlineno, line_table=i.line_table, version_major=i.version[0],
+            version_minor=i.version[1], first_instr_offset=i.first_instr_offset,
         )))
 
     def add_py_runtime(self, r: PyRuntimeInfo) -> None:
@@ -330,9 +332,9 @@ def read_capture(path: Path) -> Capture:
             ))
         elif which == "py_code":
             c = rec.py_code
-            cap.py_codes.append(PyCode(c.pid, c.addr, c.time_ns, c.qualname, c.filename, c.firstlineno,
-                                       bytes(c.line_table), (c.version_major, c.version_minor),
-                                       c.first_instr_offset))
+            cap.py_codes.append(PyCode(c.pid, c.addr, c.time_ns, CodeInfo(
+                c.qualname, c.filename, c.firstlineno, bytes(c.line_table), (c.version_major, c.version_minor),
+                c.first_instr_offset)))
         elif which == "py_runtime":
             r = rec.py_runtime
             cap.py_runtimes.append(PyRuntimeInfo(r.pid, r.version, r.layout_source, r.binary))

@@ -81,18 +81,26 @@ class ProcessSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class PyCode:
-    """A Python code object read from a live process, so exports work after it exits."""
+class CodeInfo:
+    """What a code object tells a profiler. `first_instr_offset`: offset of co_code_adaptive (3.11+), 0 on 3.10."""
 
-    pid: int
-    addr: int
-    time_ns: int
     qualname: str
     filename: str
     firstlineno: int
     line_table: bytes
     version: tuple[int, int]
     first_instr_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PyCode:
+    """A Python code object read from a live process (at address `addr`, at `time_ns`), so exports work after
+    the process exits."""
+
+    pid: int
+    addr: int
+    time_ns: int
+    info: CodeInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack
 from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, PyFlag, RawPyFrame, RawSample
 from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.python.code import CodeInfo, line_for
+from aiflame.symbolize.python.code import line_for
 from aiflame.symbolize.python.merge import merge, python_runs
 from aiflame.symbolize.unwind_report import unwind_report
 
@@ -283,9 +283,8 @@ class _PythonNames:
         key = (pid, f.code, code.time_ns, f.instr)
         hit = self._frames.get(key)
         if hit is None:
-            info = CodeInfo(code.qualname, code.filename, code.firstlineno, code.line_table, code.version,
-                            code.first_instr_offset)
-            hit = Frame(code.qualname, FrameKind.PYTHON, module=os.path.basename(code.filename), file=code.filename,
+            info = code.info
+            hit = Frame(info.qualname, FrameKind.PYTHON, module=os.path.basename(info.filename), file=info.filename,
                         line=line_for(info, f.instr))
             self._frames[key] = hit
         return hit

@@ -24,14 +24,13 @@ range or the instruction has no location, the result is `firstlineno`.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from aiflame.core.errors import BadInput
 from aiflame.core.python_layouts import PyLayout
+from aiflame.core.raw import CodeInfo
 from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError, Reader, read_cstring
 
 __all__ = [
-    "CodeInfo",
     "CodeResolver",
     "PythonObjectError",
     "decode_unicode",
@@ -121,18 +120,6 @@ def read_bytes_object(read: Reader, addr: int, layout: PyLayout, limit: int = _M
     if not 0 <= size <= limit:
         raise PythonObjectError(f"bytes at {addr:#x}: implausible size {size}")
     return read(addr + layout.bytes_sval, size) if size else b""
-
-
-@dataclass(frozen=True, slots=True)
-class CodeInfo:
-    """What a code object tells a profiler. `first_instr_offset`: offset of co_code_adaptive (3.11+), 0 on 3.10."""
-
-    qualname: str
-    filename: str
-    firstlineno: int
-    line_table: bytes
-    version: tuple[int, int]
-    first_instr_offset: int
 
 
 # --- line tables ------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
+    CodeInfo,
     Mapping,
     ProcessSnapshot,
     PyCode,
@@ -54,7 +55,7 @@ def _capture(samples: list[RawSample]) -> Capture:
         [ProcessSnapshot(7, 5, [Mapping(0x1000, 0x2000, 0, "/bin/x", "abcd", "r-xp")], 1, "x", ["x", "-y"], "/bin/x",
                          2)],
         {0xFFFF0000: "do_sys_read"},
-        [PyCode(7, 0x7000, 5, "Cls.method", "/x.py", 3, b"\x01\x02", (3, 12), 192)],
+        [PyCode(7, 0x7000, 5, CodeInfo("Cls.method", "/x.py", 3, b"\x01\x02", (3, 12), 192))],
         [PyRuntimeInfo(7, "3.12.1", "dwarf:/lib/libpython3.12.so", "/lib/libpython3.12.so")],
         footer=CaptureFooter(10, 20, 0, {"lost": 3}, "duration", 0.25),
     )

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiflame.core.python_layouts import PyLayout, layout_for
+from aiflame.core.raw import CodeInfo
 from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
 from aiflame.symbolize.python.code import (
-    CodeInfo,
     CodeResolver,
     PythonObjectError,
     decode_unicode,

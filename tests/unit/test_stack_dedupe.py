@@ -14,6 +14,7 @@ from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
+    CodeInfo,
     Mapping,
     ProcessSnapshot,
     PyCode,
@@ -68,7 +69,7 @@ def _maps(app: str, build_id: str = "") -> list[Mapping]:
 
 
 def _code(pid: int, addr: int, time_ns: int, name: str, version: tuple[int, int]) -> PyCode:
-    return PyCode(pid, addr, time_ns, name, f"/src/{name}.py", 10, b"", version, 0)
+    return PyCode(pid, addr, time_ns, CodeInfo(name, f"/src/{name}.py", 10, b"", version, 0))
 
 
 def _capture() -> Capture:
