@@ -7,8 +7,8 @@ which function a sequence describes is known only from the relocation (`.rel.deb
 `.rela.debug_line` on sm_90) applied to its DW_LNE_set_address. So the line programs are run here directly,
 with those relocations; dwarf_lines.py's reader assumes host-style absolute addresses and drops sequences at 0.
 
-The ELF headers are read with elf.py's bounded helpers over an in-memory buffer (cubins come out of fatbins,
-never from a file of their own). Malformed input raises `CubinError`, a SymbolizeError.
+The ELF headers are read with elf_format.py's bounded helpers over an in-memory buffer (cubins come out of
+fatbins, never from a file of their own). Malformed input raises `CubinError`, a SymbolizeError.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import NamedTuple
 from aiflame.core.errors import BadInput
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.dwarf_lines import LineHeader, run_line_program, uleb
-from aiflame.symbolize.objfmt.elf import Section, _extended_counts, _parse_header, _read_sections, _Reader
+from aiflame.symbolize.objfmt.elf_format import Reader, Section, extended_counts, parse_header, read_sections
 
 __all__ = ["EM_CUDA", "Cubin", "CubinError", "CubinLines", "Kernel", "LineRange", "parse_cubin"]
 
@@ -163,15 +163,15 @@ def parse_cubin(data: bytes, *, label: str = "cubin", digest: str | None = None)
     a 64-bit little-endian EM_CUDA ELF or is malformed.
     """
     try:
-        h = _parse_header(data, label)
+        h = parse_header(data, label)
         if h.e_machine != EM_CUDA:
             raise CubinError(f"{label}: not a cubin (e_machine {h.e_machine})")
         if not h.layout.is64 or h.layout.ehdr.format[0] != "<":
             raise CubinError(f"{label}: not a 64-bit little-endian cubin")
         # All reads are bounded by len(data) and served from it; the descriptor is never used.
-        r = _Reader(-1, len(data), data, label)
-        _phnum, shnum, shstrndx = _extended_counts(r, h)
-        sections = _read_sections(r, h, shnum, shstrndx)
+        r = Reader(-1, len(data), data, label)
+        _phnum, shnum, shstrndx = extended_counts(r, h)
+        sections = read_sections(r, h, shnum, shstrndx)
     except CubinError:
         raise
     except SymbolizeError as e:

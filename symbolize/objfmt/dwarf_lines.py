@@ -25,7 +25,8 @@ from typing import Literal, NamedTuple, TypeVar
 
 from aiflame.core.errors import BadInput
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.objfmt.elf import ElfFile, Section
+from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.elf_format import Section
 
 __all__ = ["LineTable"]
 
