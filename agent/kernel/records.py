@@ -63,6 +63,15 @@ class Counter(enum.IntEnum):
 COUNTER_SLOTS = 11
 
 
+# The head every record starts with (struct sample_rec, proc_rec, call_rec, ret_rec, open_rec).
+_HEAD = [
+    ("kind", ctypes.c_uint32),
+    ("cpu", ctypes.c_uint32),
+    ("time_ns", ctypes.c_uint64),
+    ("pid", ctypes.c_uint32),
+]
+
+
 class PyProcRec(ctypes.Structure):
     _fields_ = [
         ("runtime", ctypes.c_uint64),
@@ -87,10 +96,7 @@ class PyProcRec(ctypes.Structure):
 
 class SampleRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("user_len", ctypes.c_int32),
         ("kern_len", ctypes.c_int32),
@@ -105,10 +111,7 @@ class SampleRec(ctypes.Structure):
 
 class ProcRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("child", ctypes.c_uint32),
         ("comm", ctypes.c_char * COMM_LEN),
     ]
@@ -127,10 +130,7 @@ class ProbeSpecRec(ctypes.Structure):
 
 class CallRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("probe", ctypes.c_uint32),
         ("user_len", ctypes.c_int32),
@@ -147,10 +147,7 @@ class CallRec(ctypes.Structure):
 
 class RetRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("probe", ctypes.c_uint32),
         ("out_ok", ctypes.c_uint32),
@@ -161,10 +158,7 @@ class RetRec(ctypes.Structure):
 
 class OpenRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("path", ctypes.c_char * PATH_LEN),
     ]
