@@ -124,8 +124,8 @@ class Call:
 
 class TargetMemory:
     """What runtime plug-ins read a target's memory through (what BPF could not read: pages not yet resident,
-    long strings): any process, by pid, and None where a read fails, for a plug-in then records what it lacks.
-    Reads go through symbolize's ProcessMemory; tests stand in for a target by overriding `read`."""
+    long strings): any process, by pid, and None where a read fails, so a plug-in records what it could not
+    read. Reads go through symbolize's ProcessMemory; tests stand in for a target by overriding `read`."""
 
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
         if size <= 0:
