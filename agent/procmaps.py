@@ -1,8 +1,10 @@
-"""Read what dies with a process: its executable mappings (with build ids), command line and parent."""
+"""Read what dies with a process: its executable mappings (with build ids), command line and parent.
+
+The maps are parsed here (psutil's memory_maps() has no file offsets or inodes); the rest comes from psutil."""
 
 from __future__ import annotations
 
-import os
+import psutil
 
 from aiflame.core.raw import Mapping, ProcessSnapshot
 from aiflame.symbolize.errors import SymbolizeError
@@ -86,12 +88,19 @@ def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int 
         mappings.append(Mapping(lo, hi, off, path, bid, perms))
     snap = ProcessSnapshot(pid, time_ns, mappings, exec_seq=exec_seq)
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            snap.cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        with open(f"/proc/{pid}/comm") as f:
-            snap.comm = f.read().strip()
-        snap.ppid = int((stat_fields(pid) or ["", "0"])[1])
-        snap.exe = os.readlink(f"/proc/{pid}/exe")
-    except (OSError, ValueError, IndexError):
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            snap.cmdline = [_valid_utf8(a) for a in proc.cmdline()]
+            # The kernel's comm, as samples carry it: psutil's name() stretches a 15-character one from argv[0].
+            with open(f"/proc/{pid}/comm") as f:
+                snap.comm = f.read().strip()
+            snap.ppid = proc.ppid()
+            snap.exe = _valid_utf8(proc.exe())
+    except (psutil.Error, OSError):
         pass  # the maps are what matter; the rest is best effort
     return snap
+
+
+def _valid_utf8(s: str) -> str:
+    """psutil keeps undecodable bytes as surrogates, which a protobuf string cannot hold: U+FFFD instead."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")

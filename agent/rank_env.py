@@ -3,25 +3,27 @@ wrappers set `RANK`/`WORLD_SIZE`, often `LOCAL_RANK`): the fallback when no runt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import psutil
+
 from aiflame.core.raw import RawEvent
 
 RUNTIME = "env"
-MAX_ENVIRON = 1 << 20  # a larger environment is not read (the kernel caps it near this anyway)
 MAX_WORLD = 1 << 20
 # environment variable -> the RawEvent arg it becomes
 VARIABLES = {"RANK": "rank", "WORLD_SIZE": "world_size", "LOCAL_RANK": "local_rank",
              "LOCAL_WORLD_SIZE": "local_world_size"}
 
 
-def parse_environ(data: bytes) -> dict[str, int]:
-    """The rank variables found in a NUL-separated environment block (`/proc/PID/environ`), as RawEvent args.
-    Values that are not small non-negative integers are ignored; a rank without a world size it fits is
-    dropped, so a stray `RANK=7` never places a process."""
+def rank_args(environ: Mapping[str, str]) -> dict[str, int]:
+    """The rank variables found in a process's environment, as RawEvent args. Values that are not small
+    non-negative integers are ignored; a rank without a world size it fits is dropped, so a stray `RANK=7`
+    never places a process."""
     out: dict[str, int] = {}
-    for item in data[:MAX_ENVIRON].split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        name = VARIABLES.get(key.decode("ascii", "replace")) if sep else None
-        if name is None or not value.isdigit() or len(value) > 8:
+    for key, name in VARIABLES.items():
+        value = environ.get(key)
+        if value is None or not (value.isascii() and value.isdigit()) or len(value) > 8:
             continue
         out[name] = int(value)
     for rank, size in (("rank", "world_size"), ("local_rank", "local_world_size")):
@@ -34,11 +36,11 @@ def parse_environ(data: bytes) -> dict[str, int]:
 
 
 def rank_event(pid: int, time_ns: int) -> RawEvent | None:
-    """A "meta" event with the process's rank and world size from its environment, None when it has none."""
+    """A "meta" event with the process's rank and world size from its environment, None when it has none (or
+    is gone, or not ours to read)."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            args = parse_environ(f.read(MAX_ENVIRON))
-    except OSError:
+        args = rank_args(psutil.Process(pid).environ())
+    except psutil.Error:
         return None
     if "rank" not in args:
         return None

@@ -4,11 +4,9 @@ on duration / target exit / signal, and keep everything collected."""
 from __future__ import annotations
 
 import os
-import platform
 import resource
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -16,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from aiflame import __version__
 from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
 from aiflame.agent.gpu_code import launched_cubins
 from aiflame.agent.kernel.records import RecKind
@@ -26,9 +23,9 @@ from aiflame.agent.python.runtime import PythonPlugin, proc_rec
 from aiflame.agent.rank_env import rank_event
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import Attached, ProbeManager
-from aiflame.core.capture import FORMAT_VERSION, CaptureWriter
+from aiflame.core.capture import CaptureWriter, new_header
 from aiflame.core.errors import BadInput
-from aiflame.core.raw import CaptureFooter, CaptureHeader, ProcessSnapshot, RawEvent, RawSample
+from aiflame.core.raw import CaptureFooter, ProcessSnapshot, RawEvent, RawSample
 from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
 POLL_S = 0.1
@@ -281,12 +278,9 @@ class Session:
     def _capture(self, sampler: CpuSampler, launcher: _Launcher | None, root_pid: int) -> SessionResult:
         cfg = self.cfg
         path = cfg.out_dir / f"{cfg.prefix}.aiflame"
-        header = CaptureHeader(
-            FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(),
-            cfg.sampler.frequency, sampler.event_used, time.time_ns(), _mono_ns(), cfg.argv or sys.argv,
-            " ".join(cfg.command) if cfg.command else f"pid {cfg.pid}",
-            {"sampling": cfg.sampler.describe(sampler.event_used)},
-        )
+        header = new_header(cfg.sampler.frequency, sampler.event_used, cfg.argv or sys.argv,
+                            " ".join(cfg.command) if cfg.command else f"pid {cfg.pid}",
+                            {"sampling": cfg.sampler.describe(sampler.event_used)})
         writer = CaptureWriter(path, header)
         self._writer = writer
         self._sampler = sampler

@@ -11,7 +11,6 @@ Goals: agent CPU <= 0.3% of a core, RSS <= 100 MB, target slowdown <= 0.5%.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 from common import REPO, rss_mb
 
 SPIN = r"""
@@ -42,12 +42,13 @@ int main(int argc, char **argv) { secs = atof(argv[1]); pthread_t t[2]; unsigned
 
 
 def _cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def _rss_split_mb(pid: int) -> str:
-    """Anonymous vs file-backed resident memory (file pages are mostly shared libraries: LLVM inside libbcc)."""
+    """Anonymous vs file-backed resident memory (file pages are mostly shared libraries: LLVM inside libbcc).
+    From /proc/PID/status: psutil folds file-backed and shared memory into one `shared`."""
     kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in
           Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith(("RssAnon", "RssFile", "RssShmem")))}
     return ", ".join(f"{k[3:].lower()} {v / 1024:.1f}" for k, v in kb.items())

@@ -11,6 +11,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "bin"
 RESULTS = REPO / "bench" / "results"
@@ -18,8 +20,8 @@ PERF_EVENT_PROG = 7  # BPF_PROG_TYPE_PERF_EVENT
 
 
 def rss_mb(pid: int) -> float:
-    """Resident memory of `pid` in MB (/proc/PID/statm)."""
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    """Resident memory of `pid` in MB."""
+    return psutil.Process(pid).memory_info().rss / (1 << 20)
 
 
 def aiflame_cmd(*args: str) -> list[str]:

@@ -1,5 +1,6 @@
-/* Record layouts shared by every aiflame BPF program and the agent (agent/records.py mirrors them;
- * tests/integration/test_records_layout.py proves the two agree). Raw values only: user space symbolizes. */
+/* Record layouts shared by every aiflame BPF program and the agent (agent/kernel/records.py mirrors them, and
+ * core/raw.py PyFlag the PY_* flags; tests/integration/test_records_layout.py proves the layouts agree and
+ * tests/unit/test_records.py the constants). Raw values only: user space symbolizes. */
 #ifndef AIFLAME_H
 #define AIFLAME_H
 
@@ -35,11 +36,11 @@ enum aiflame_counter {
     CNT_MAX = 11,
 };
 
-/* values of the targets map (agent/sampler.py mirrors them) */
+/* values of the targets map (records.py TargetFlag) */
 #define TARGET_ON 1      /* sample and probe this process */
 #define TARGET_PY 2      /* it has a Python walker layout in py_procs */
 
-/* py_flags of a sample */
+/* py_flags of a sample or call (core/raw.py PyFlag) */
 #define PY_PRESENT 1     /* the process runs CPython with a verified layout */
 #define PY_TSTATE 2      /* the sampled thread has a Python thread state */
 #define PY_TRUNCATED 4   /* more frames than AIFLAME_MAX_PY_FRAMES */

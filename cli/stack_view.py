@@ -45,19 +45,14 @@ def load_view(path: Path, args: argparse.Namespace, folded: bool = False) -> Pro
 def load_profile(path: Path, options: StackOptions | None = None, view: str = "cpu",
                  debug_dirs: Sequence[str] = (), folded: bool = False) -> Profile:
     """A capture symbolized as `view`; with `folded`, a folded-stacks file is read too. Raises CaptureError."""
-    from aiflame.core.capture import MAGIC, CaptureError, read_capture
+    from aiflame.core.capture import CaptureError, is_capture, read_capture
     from aiflame.core.model import EventKind
     from aiflame.exporters.folded import parse_folded
     from aiflame.symbolize.events import launch_profile
     from aiflame.symbolize.native import NativeSymbolizer
     from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise CaptureError(f"{path}: {e.strerror}") from None
-    if head == MAGIC or not folded:
+    if is_capture(path) or not folded:
         native = NativeSymbolizer(debug_dirs=[*debug_dirs, "/usr/lib/debug"])
         cap = read_capture(path)
         prof = symbolize_capture(cap, native, options=options or StackOptions())

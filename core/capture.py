@@ -7,18 +7,23 @@ Footer; the reader rejects foreign, truncated or corrupt files with one clear Ca
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+import platform
+import socket
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
+from aiflame import __version__
 from aiflame.core import aiflame_capture_pb2 as pb
 from aiflame.core.errors import BadInput
 from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
+    CodeInfo,
     GpuCode,
     Mapping,
     ProcessSnapshot,
@@ -51,6 +56,25 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def new_header(frequency_hz: int, event: str, argv: Sequence[str], target: str,
+               meta: dict[str, str] | None = None) -> CaptureHeader:
+    """The header of a capture that starts now on this host: format and aiflame versions, host, kernel and
+    machine, and the start on both clocks (samples carry CLOCK_MONOTONIC times)."""
+    return CaptureHeader(
+        FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(), frequency_hz,
+        event, time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC), list(argv), target, dict(meta or {}),
+    )
+
+
+def is_capture(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at `path` starts with the capture MAGIC; CaptureError when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError as e:
+        raise CaptureError(f"{os.fsdecode(path)}: {e.strerror}") from None
+
+
 def header_to_pb(h: CaptureHeader) -> pb.Header:
     m = pb.Header(
         format_version=h.format_version, aiflame_version=h.aiflame_version, host=h.host, kernel=h.kernel,
@@ -60,6 +84,11 @@ def header_to_pb(h: CaptureHeader) -> pb.Header:
     m.argv.extend(h.argv)
     m.meta.update(h.meta)
     return m
+
+
+def header_from_pb(h: pb.Header) -> CaptureHeader:
+    return CaptureHeader(h.format_version, h.aiflame_version, h.host, h.kernel, h.machine, h.frequency_hz, h.event,
+                         h.start_wall_ns, h.start_mono_ns, list(h.argv), h.target, dict(h.meta))
 
 
 def sample_to_pb(s: RawSample) -> pb.Sample:
@@ -180,10 +209,11 @@ class CaptureWriter:
         self._write(pb.Record(process=process_to_pb(p)))
 
     def add_py_code(self, c: PyCode) -> None:
+        i = c.info
         self._write(pb.Record(py_code=pb.PyCode(
-            pid=c.pid, addr=c.addr, time_ns=c.time_ns, qualname=c.qualname, filename=c.filename,
-            firstlineno=c.firstlineno, line_table=c.line_table, version_major=c.version[0],
-            version_minor=c.version[1], first_instr_offset=c.first_instr_offset,
+            pid=c.pid, addr=c.addr, time_ns=c.time_ns, qualname=i.qualname, filename=i.filename,
+            firstlineno=i.firstlineno, line_table=i.line_table, version_major=i.version[0],
+            version_minor=i.version[1], first_instr_offset=i.first_instr_offset,
         )))
 
     def add_py_runtime(self, r: PyRuntimeInfo) -> None:
@@ -282,10 +312,7 @@ def read_capture(path: Path) -> Capture:
                 raise CaptureError(
                     f"{name}: capture format {h.format_version} is newer than this aiflame reads ({FORMAT_VERSION})"
                 )
-            cap = Capture(CaptureHeader(
-                h.format_version, h.aiflame_version, h.host, h.kernel, h.machine, h.frequency_hz, h.event,
-                h.start_wall_ns, h.start_mono_ns, list(h.argv), h.target, dict(h.meta),
-            ))
+            cap = Capture(header_from_pb(h))
             continue
         assert cap is not None
         if cap.footer is not None:
@@ -305,9 +332,9 @@ def read_capture(path: Path) -> Capture:
             ))
         elif which == "py_code":
             c = rec.py_code
-            cap.py_codes.append(PyCode(c.pid, c.addr, c.time_ns, c.qualname, c.filename, c.firstlineno,
-                                       bytes(c.line_table), (c.version_major, c.version_minor),
-                                       c.first_instr_offset))
+            cap.py_codes.append(PyCode(c.pid, c.addr, c.time_ns, CodeInfo(
+                c.qualname, c.filename, c.firstlineno, bytes(c.line_table), (c.version_major, c.version_minor),
+                c.first_instr_offset)))
         elif which == "py_runtime":
             r = rec.py_runtime
             cap.py_runtimes.append(PyRuntimeInfo(r.pid, r.version, r.layout_source, r.binary))

@@ -6,7 +6,18 @@ leaf first, as the kernel hands them over. This module imports nothing else from
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class PyFlag(enum.IntFlag):
+    """`py_flags` of a sample or event: how its Python walk went (PY_* in bpf/aiflame.h; a test keeps them
+    equal). Defined here, not with the agent's record mirrors, because symbolization reads them too."""
+
+    PRESENT = 1  # the process runs CPython with a verified layout
+    TSTATE = 2  # the sampled thread has a Python thread state
+    TRUNCATED = 4  # more frames than the walker reads (AIFLAME_MAX_PY_FRAMES)
+    READ_ERR = 8  # the walk stopped on a failed read
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +43,7 @@ class RawSample:
     kern_err: int = 0
     weight: int = 1
     py: tuple[RawPyFrame, ...] = ()  # newest first
-    py_flags: int = 0  # agent.records.PyFlag bits
+    py_flags: int = 0  # PyFlag bits
     unwind: int = 0  # how the user stack was walked: UW_STOP_* | UW_USED_FP (bpf/unwind.h); 0: frame pointers
 
 
@@ -70,18 +81,26 @@ class ProcessSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class PyCode:
-    """A Python code object read from a live process, so exports work after it exits."""
+class CodeInfo:
+    """What a code object tells a profiler. `first_instr_offset`: offset of co_code_adaptive (3.11+), 0 on 3.10."""
 
-    pid: int
-    addr: int
-    time_ns: int
     qualname: str
     filename: str
     firstlineno: int
     line_table: bytes
     version: tuple[int, int]
     first_instr_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PyCode:
+    """A Python code object read from a live process (at address `addr`, at `time_ns`), so exports work after
+    the process exits."""
+
+    pid: int
+    addr: int
+    time_ns: int
+    info: CodeInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.debugfiles import build_id_path, find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
-from aiflame.symbolize.objfmt.elf import ElfFile, Symbol
+from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.elf_symbols import Symbol
 
 __all__ = ["UNKNOWN_NAME", "NativeSymbolizer"]
 

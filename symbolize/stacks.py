@@ -10,15 +10,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack
-from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, RawPyFrame, RawSample
+from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, PyFlag, RawPyFrame, RawSample
 from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.python.code import CodeInfo, line_for
+from aiflame.symbolize.python.code import line_for
 from aiflame.symbolize.python.merge import merge, python_runs
 from aiflame.symbolize.unwind_report import unwind_report
 
-PY_TSTATE = 2
-PY_TRUNCATED = 4
 TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
 
 MISSING_USER = Frame("[missing user stack]", FrameKind.UNKNOWN)
@@ -152,7 +150,7 @@ def symbolize_capture(
             frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
         if opts.user:
             user = _user_frames(s, chain, names)
-            if s.py and s.py_flags & PY_TSTATE and opts.python != "native":
+            if s.py and s.py_flags & PyFlag.TSTATE and opts.python != "native":
                 frames.extend(pynames.merged(s, user, counters, python_only=opts.python == "python"))
             elif opts.python != "python":
                 frames.extend(user)
@@ -285,9 +283,8 @@ class _PythonNames:
         key = (pid, f.code, code.time_ns, f.instr)
         hit = self._frames.get(key)
         if hit is None:
-            info = CodeInfo(code.qualname, code.filename, code.firstlineno, code.line_table, code.version,
-                            code.first_instr_offset)
-            hit = Frame(code.qualname, FrameKind.PYTHON, module=os.path.basename(code.filename), file=code.filename,
+            info = code.info
+            hit = Frame(info.qualname, FrameKind.PYTHON, module=os.path.basename(info.filename), file=info.filename,
                         line=line_for(info, f.instr))
             self._frames[key] = hit
         return hit
@@ -299,7 +296,7 @@ class _PythonNames:
         runs = python_runs(s.py, version, self.owner_cstack.get(s.pid, -1))
         def name(f: RawPyFrame) -> Frame:
             return self.frame(s.pid, f, s.time_ns)
-        trunc = [TRUNCATED] if s.py_flags & PY_TRUNCATED else []
+        trunc = [TRUNCATED] if s.py_flags & PyFlag.TRUNCATED else []
         if python_only:
             return trunc + [name(f) for run in runs for f in run]
         result = merge(native, runs, name)

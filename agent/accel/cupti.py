@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aiflame.agent.accel.cupti_build import CuptiBuildError, CuptiInstall, build_injection, find_cupti
-from aiflame.agent.accel.xe_eu_stall import XeEuStall, find_xe_devices, start_all
+from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
 from aiflame.core.raw import GpuCode, RawStallSample
 from aiflame.symbolize.vendor.cupti_stream import CuptiStream, CuptiStreamError, parse_stream
 

@@ -163,6 +163,14 @@ static int emit(uint16_t type, const buf_t *payload, int essential) {
     return 0;
 }
 
+/* Emit an essential record, taking S.mu, and free its payload. */
+static void emit_essential(uint16_t type, buf_t *b) {
+    pthread_mutex_lock(&S.mu);
+    emit(type, b, 1);
+    pthread_mutex_unlock(&S.mu);
+    free(b->p);
+}
+
 /* Open the stream for this process: `path` is created fresh, the header written. Returns 0 on success. */
 EXPORT int aiflame_cupti_stream_open(const char *path) {
     pthread_mutex_lock(&S.mu);
@@ -195,10 +203,7 @@ EXPORT void aiflame_cupti_write_info(const char *key, const char *value) {
     buf_t b = {0};
     put_str(&b, key);
     put_str(&b, value);
-    pthread_mutex_lock(&S.mu);
-    emit(REC_INFO, &b, 1);
-    pthread_mutex_unlock(&S.mu);
-    free(b.p);
+    emit_essential(REC_INFO, &b);
 }
 
 EXPORT void aiflame_cupti_write_error(const char *stage, int32_t code, const char *message) {
@@ -206,10 +211,7 @@ EXPORT void aiflame_cupti_write_error(const char *stage, int32_t code, const cha
     put(&b, &code, 4);
     put_str(&b, stage);
     put_str(&b, message);
-    pthread_mutex_lock(&S.mu);
-    emit(REC_ERROR, &b, 1);
-    pthread_mutex_unlock(&S.mu);
-    free(b.p);
+    emit_essential(REC_ERROR, &b);
 }
 
 EXPORT void aiflame_cupti_write_context(uint32_t ctx, uint32_t device, uint64_t time_ns) {
@@ -217,10 +219,7 @@ EXPORT void aiflame_cupti_write_context(uint32_t ctx, uint32_t device, uint64_t 
     put_u32(&b, ctx);
     put_u32(&b, device);
     put_u64(&b, time_ns);
-    pthread_mutex_lock(&S.mu);
-    emit(REC_CONTEXT, &b, 1);
-    pthread_mutex_unlock(&S.mu);
-    free(b.p);
+    emit_essential(REC_CONTEXT, &b);
 }
 
 EXPORT void aiflame_cupti_write_reasons(uint32_t ctx, size_t n, const uint32_t *index, char *const *names) {
@@ -231,10 +230,7 @@ EXPORT void aiflame_cupti_write_reasons(uint32_t ctx, size_t n, const uint32_t *
         put_u32(&b, index[i]);
         put_str(&b, names[i]);
     }
-    pthread_mutex_lock(&S.mu);
-    emit(REC_REASONS, &b, 1);
-    pthread_mutex_unlock(&S.mu);
-    free(b.p);
+    emit_essential(REC_REASONS, &b);
 }
 
 EXPORT void aiflame_cupti_write_cubin(uint32_t ctx, uint32_t module_id, uint64_t crc, const void *data,

@@ -11,14 +11,11 @@ re-placed past a limit, events kept only as far as GPU code lookup needs them).
 from __future__ import annotations
 
 import mmap
-import platform
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame import __version__
 from aiflame.agent.gpu_code import launched_cubins
 from aiflame.agent.kernel.bpf_sys import cpu_list
 from aiflame.agent.kernel.records import RecKind
@@ -27,8 +24,8 @@ from aiflame.agent.procmaps import BuildIdCache
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import ProbeManager
 from aiflame.agent.session import Session, SessionConfig, _cpu_s, _mono_ns
-from aiflame.core.capture import FORMAT_VERSION, CaptureWriter
-from aiflame.core.raw import CaptureFooter, CaptureHeader, PyRuntimeInfo, RawEvent
+from aiflame.core.capture import CaptureWriter, new_header
+from aiflame.core.raw import CaptureFooter, PyRuntimeInfo, RawEvent
 
 _REGISTRATIONS = ("__cudaRegisterFatBinary", "__cudaRegisterFunction")
 # Probes stay in a library while targets may call it; with no target left for this long they are removed.
@@ -138,12 +135,9 @@ class Collector(Session):
     def open_window(self, path: Path, target: str = "") -> None:
         """Start a capture file; the live targets' mappings and Python runtimes go in first."""
         assert self._writer is None
-        header = CaptureHeader(
-            FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(),
-            self.cfg.sampler.frequency, self.sampler.event_used, time.time_ns(), _mono_ns(), list(sys.argv),
-            target or self.label,
-            {"aiflame.mode": self.label, "sampling": self.cfg.sampler.describe(self.sampler.event_used)},
-        )
+        header = new_header(self.cfg.sampler.frequency, self.sampler.event_used, sys.argv, target or self.label,
+                            {"aiflame.mode": self.label,
+                             "sampling": self.cfg.sampler.describe(self.sampler.event_used)})
         writer = CaptureWriter(path, header)
         self._writer = writer
         self._kaddrs = set()

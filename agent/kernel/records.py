@@ -1,4 +1,6 @@
-"""ctypes mirrors of bpf/aiflame.h. A test compares them with the layouts BCC reads from the C header."""
+"""ctypes mirrors of bpf/aiflame.h. Tests compare them with the C: the struct layouts as BCC compiles them
+(tests/integration/test_records_layout.py), the constants and enums as the header writes them
+(tests/unit/test_records.py). The Python walk's flags (PY_*) are core.raw.PyFlag: symbolization reads them."""
 
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ CALL_STR = 128
 PATH_LEN = 256
 
 
-class PyFlag(enum.IntFlag):
-    PRESENT = 1
-    TSTATE = 2
-    TRUNCATED = 4
-    READ_ERR = 8
+class TargetFlag(enum.IntFlag):
+    """Values of the sampler's targets map (TARGET_*)."""
+
+    ON = 1  # sample and probe this process
+    PY = 2  # it has a Python walker layout in py_procs
 
 
 class RecKind(enum.IntEnum):
@@ -61,6 +63,15 @@ class Counter(enum.IntEnum):
 COUNTER_SLOTS = 11
 
 
+# The head every record starts with (struct sample_rec, proc_rec, call_rec, ret_rec, open_rec).
+_HEAD = [
+    ("kind", ctypes.c_uint32),
+    ("cpu", ctypes.c_uint32),
+    ("time_ns", ctypes.c_uint64),
+    ("pid", ctypes.c_uint32),
+]
+
+
 class PyProcRec(ctypes.Structure):
     _fields_ = [
         ("runtime", ctypes.c_uint64),
@@ -85,10 +96,7 @@ class PyProcRec(ctypes.Structure):
 
 class SampleRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("user_len", ctypes.c_int32),
         ("kern_len", ctypes.c_int32),
@@ -103,10 +111,7 @@ class SampleRec(ctypes.Structure):
 
 class ProcRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("child", ctypes.c_uint32),
         ("comm", ctypes.c_char * COMM_LEN),
     ]
@@ -125,10 +130,7 @@ class ProbeSpecRec(ctypes.Structure):
 
 class CallRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("probe", ctypes.c_uint32),
         ("user_len", ctypes.c_int32),
@@ -145,10 +147,7 @@ class CallRec(ctypes.Structure):
 
 class RetRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("probe", ctypes.c_uint32),
         ("out_ok", ctypes.c_uint32),
@@ -159,10 +158,7 @@ class RetRec(ctypes.Structure):
 
 class OpenRec(ctypes.Structure):
     _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("time_ns", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
+        *_HEAD,
         ("tid", ctypes.c_uint32),
         ("path", ctypes.c_char * PATH_LEN),
     ]

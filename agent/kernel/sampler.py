@@ -29,6 +29,7 @@ from aiflame.agent.kernel.records import (
     RecKind,
     RetRec,
     SampleRec,
+    TargetFlag,
 )
 from aiflame.agent.kernel.ringbuf import RingBuffer
 from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
@@ -231,7 +232,6 @@ def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
     return None
 
 
-TARGET_ON, TARGET_PY = 1, 2  # flags of the targets map, as in cpu_sampler.bpf.c
 DETACH_THREADS = 32
 
 
@@ -331,7 +331,7 @@ class CpuSampler:
         """Sample `pid` (and its threads). A full target map raises SamplerError: the map holds live processes
         only (BPF drops each at its exit), so it is full only when that many targets really run."""
         try:
-            self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TARGET_ON))
+            self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TargetFlag.ON))
         except OSError as e:
             if e.errno in (errno.E2BIG, errno.ENOMEM):
                 raise SamplerError(f"cannot watch pid {pid}: {self.config.max_targets} targets already") from None
@@ -361,10 +361,10 @@ class CpuSampler:
     def set_python(self, pid: int, proc: PyProcRec) -> None:
         """Turn on the Python walk for `pid` with its layout (or update it)."""
         self._bpf.maps["py_procs"].update(_U32.pack(pid), bytes(proc))
-        self._set_target_flags(pid, TARGET_ON | TARGET_PY)
+        self._set_target_flags(pid, TargetFlag.ON | TargetFlag.PY)
 
     def clear_python(self, pid: int) -> None:
-        self._set_target_flags(pid, TARGET_ON)
+        self._set_target_flags(pid, TargetFlag.ON)
         self._bpf.maps["py_procs"].delete(_U32.pack(pid))
 
     def targets(self) -> list[int]:

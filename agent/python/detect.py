@@ -15,7 +15,9 @@ import struct
 import time
 from dataclasses import dataclass
 
-from aiflame.agent.procmaps import parse_maps
+import psutil
+
+from aiflame.agent.procmaps import read_maps
 from aiflame.agent.python.debug_offsets import (
     SIZE_313,
     UnsupportedDebugOffsets,
@@ -27,12 +29,8 @@ from aiflame.core.errors import HostError, InternalError
 from aiflame.core.python_layouts import PyLayout, PythonLayoutError, layout_for
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
-from aiflame.symbolize.python.code import (
-    ProcessMemory,
-    ProcessMemoryError,
-    PythonObjectError,
-    read_type_name,
-)
+from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
+from aiflame.symbolize.python.code import PythonObjectError, read_type_name
 
 __all__ = [
     "PyTarget",
@@ -133,14 +131,12 @@ class _Candidate:
 
 
 def _candidates(pid: int) -> list[_Candidate]:
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            maps = parse_maps(f.read())
-    except OSError:
+    maps = read_maps(pid)
+    if maps is None:
         return []
     try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
+        exe = psutil.Process(pid).exe()
+    except psutil.Error:
         exe = ""
     first_map: dict[str, tuple[int, int]] = {}
     for lo, hi, _perms, off, _dev, inode, path in maps:
@@ -242,7 +238,7 @@ def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int) ->
                 break
             except (ProcessMemoryError, PythonObjectError, _CheckFailed) as e:
                 last_error = str(e)
-                if not os.path.exists(f"/proc/{pid}"):
+                if not psutil.pid_exists(pid):
                     raise PythonUnsupported(f"{label}: process exited during attach") from None
                 time.sleep(0.01 * (attempt + 1))  # the target runs while we read: retry a torn read
         else:
@@ -274,8 +270,8 @@ class _CheckFailed(InternalError):
 
 def _tasks(pid: int) -> set[int]:
     try:
-        return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
-    except OSError:
+        return {t.id for t in psutil.Process(pid).threads()}
+    except psutil.Error:
         return set()
 
 

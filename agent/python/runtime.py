@@ -110,8 +110,7 @@ class PythonPlugin:
                 if proc.written.get(f.code) == key:
                     continue
                 proc.written[f.code] = key
-                out.append(PyCode(s.pid, f.code, time_ns, info.qualname, info.filename, info.firstlineno,
-                                  info.line_table, info.version, info.first_instr_offset))
+                out.append(PyCode(s.pid, f.code, time_ns, info))
         return out
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from typing import ClassVar, TypeVar
 
 from aiflame.agent.procmaps import read_maps
 from aiflame.core.raw import GpuCode, RawEvent, RawPyFrame
+from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError, read_cstring
 
 V = TypeVar("V")
 
@@ -121,23 +122,19 @@ class Call:
                         self.user, self.user_err, self.py, self.py_flags, dict(args))
 
 
-class ProcessMemory:
-    """Reads a live process's memory through /proc/PID/mem (what BPF could not read: pages not yet resident)."""
+class TargetMemory:
+    """What runtime plug-ins read a target's memory through (what BPF could not read: pages not yet resident,
+    long strings): any process, by pid, and None where a read fails, so a plug-in records what it could not
+    read. Reads go through symbolize's ProcessMemory; tests stand in for a target by overriding `read`."""
 
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
-        if addr <= 0 or size <= 0:
+        if size <= 0:
             return None
         try:
-            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
-        except OSError:
+            with ProcessMemory(pid) as mem:
+                return mem.read(addr, size)
+        except ProcessMemoryError:
             return None
-        try:
-            data = os.pread(fd, size, addr)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        return data if len(data) == size else None
 
     def file_of(self, pid: int, addr: int) -> tuple[str, int] | None:
         """The file and file offset mapped at `addr` in `pid` (any permissions), None for anonymous memory."""
@@ -151,19 +148,17 @@ class ProcessMemory:
         return None if data is None else int.from_bytes(data, "little")
 
     def read_cstr(self, pid: int, addr: int, limit: int = 4096) -> str | None:
-        out = b""
-        while len(out) < limit:
-            chunk = self.read(pid, addr + len(out), min(256, limit - len(out)))
-            if chunk is None:
-                # a string can end right before an unmapped page: retry byte-wise
-                chunk = self.read(pid, addr + len(out), 1)
-                if chunk is None:
-                    return None
-            nul = chunk.find(b"\0")
-            if nul >= 0:
-                return (out + chunk[:nul]).decode("utf-8", "replace")
-            out += chunk
-        return out.decode("utf-8", "replace")
+        """The string at `addr`, cut at `limit` bytes; None when a read before its end fails."""
+        def read(at: int, n: int) -> bytes:
+            data = self.read(pid, at, n)
+            if data is None:
+                raise ProcessMemoryError(f"pid {pid}: cannot read {n} bytes at {at:#x}")
+            return data
+
+        try:
+            return read_cstring(read, addr, limit).decode("utf-8", "replace")
+        except ProcessMemoryError:
+            return None
 
 
 @dataclass
@@ -200,7 +195,7 @@ class Runtime(abc.ABC):
         """Is `lib` one of this runtime's libraries? Cheap: name and section names only."""
 
     @abc.abstractmethod
-    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         """The events of one call (none, one, or several), and code objects it loaded. Called once the call
         returned, or when the capture ends before it did (end_ns 0); nested calls finish before their parent."""
 

@@ -24,8 +24,8 @@ from aiflame.agent.runtimes.base import (
     Deref,
     Library,
     ProbeSpec,
-    ProcessMemory,
     Runtime,
+    TargetMemory,
     drop_pid,
 )
 from aiflame.core.raw import GpuCode, RawEvent
@@ -97,7 +97,7 @@ def _signed32(v: int | None) -> int:
     return v - (1 << 32) if v >> 31 else v
 
 
-def _string(call: Call, mem: ProcessMemory, arg: int) -> str | None:
+def _string(call: Call, mem: TargetMemory, arg: int) -> str | None:
     """The probe's string, or /proc/PID/mem when BPF could not read it or cut it (long mangled names)."""
     if call.string is not None and len(call.string) < STR_MAX - 1:
         return call.string.decode("utf-8", "replace")
@@ -140,7 +140,7 @@ class CudaRuntime(Runtime):
         drop_pid(self._handles, pid)
         drop_pid(self._functions, pid)
 
-    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call
         pid = call.pid
         ret = {} if call.ret is None else {"ret": _signed32(call.ret)}
@@ -198,7 +198,7 @@ class CudaRuntime(Runtime):
             return self._module_load(call, mem, ret)
         return []
 
-    def _register_fatbin(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def _register_fatbin(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         """Where the fatbin lives, so its cubins can be read after the process is gone: a file and offset, or
         (JIT, embedded in anonymous memory) a copy of it."""
         fatbin = call.deref(0) or 0
@@ -241,7 +241,7 @@ class CudaRuntime(Runtime):
             ev.strs["name"] = kernel
         return ev
 
-    def _module_load(self, call: Call, mem: ProcessMemory, ret: dict[str, int]) -> list[RawEvent | GpuCode]:
+    def _module_load(self, call: Call, mem: TargetMemory, ret: dict[str, int]) -> list[RawEvent | GpuCode]:
         image = call.arg(ARG1)
         ev = call.event("cuda", "meta", call.spec.call, image=image, module=call.out or 0, **ret)
         out: list[RawEvent | GpuCode] = [ev]

@@ -37,8 +37,8 @@ from aiflame.agent.runtimes.base import (
     Deref,
     Library,
     ProbeSpec,
-    ProcessMemory,
     Runtime,
+    TargetMemory,
     drop_pid,
 )
 from aiflame.core.raw import GpuCode, RawEvent
@@ -186,7 +186,7 @@ class GlooRuntime(Runtime):
 
     # --- decoding ---------------------------------------------------------------------------------------------
 
-    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call
         if name == CONTEXT_CALL:
             return [self._context(call)]
@@ -273,7 +273,7 @@ class GlooRuntime(Runtime):
         self._place(ev, call.pid)
         return ev
 
-    def _collective(self, call: Call, opts: Options, mem: ProcessMemory) -> RawEvent:
+    def _collective(self, call: Call, opts: Options, mem: TargetMemory) -> RawEvent:
         vals: dict[str, int | None] = {n: call.deref(i) for i, (n, _) in enumerate(opts.reads)}
         ev = call.event(RUNTIME, "collective", opts.call)
         problems: list[str] = []
@@ -347,7 +347,7 @@ class GlooRuntime(Runtime):
             problems.append(f"buffer of {total} bytes is not whole elements of {elsize}")
         return total, total // elsize if elsize else None
 
-    def _group(self, pid: int, ctx: int | None, mem: ProcessMemory, problems: list[str]) -> tuple[int, int] | None:
+    def _group(self, pid: int, ctx: int | None, mem: TargetMemory, problems: list[str]) -> tuple[int, int] | None:
         """(rank, size) of the op's context: the one seen constructed, else read from the process (attached after
         the process group was made)."""
         if not ctx:

@@ -2,7 +2,7 @@
 as GpuCode), kernel creation (handle -> name), kernel launches (group counts), copies and fills, command-list
 submission and host synchronization. Where a library carries the USDT probes of iaprof's patched compute
 runtime, `level_zero:launch_kernel(iba, start VA, size, name)` and `level_zero:compile_kernel(debug zebin
-path)`, their sites are probed too: kernel placements for mapping Xe EU-stall IPs (symbolize/xe_eu_stall.py).
+path)`, their sites are probed too: kernel placements for mapping Xe EU-stall IPs (symbolize/vendor/xe_eu_stall.py).
 
 Only libze_loader is probed: the driver (libze_intel_gpu) and the layers are reached through the loader's
 dispatch tables, not by exported names, so each API call is one event. Struct offsets below are from
@@ -27,8 +27,8 @@ from aiflame.agent.runtimes.base import (
     Deref,
     Library,
     ProbeSpec,
-    ProcessMemory,
     Runtime,
+    TargetMemory,
     drop_pid,
 )
 from aiflame.core.raw import GpuCode, RawEvent
@@ -134,7 +134,7 @@ class LevelZeroRuntime(Runtime):
         drop_pid(self._modules, pid)
         drop_pid(self._kernels, pid)
 
-    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call
         ret = {} if call.ret is None else {"ret": call.ret & 0xFFFFFFFF}  # ze_result_t: codes like 0x78000001
         if name in (USDT_LAUNCH, USDT_COMPILE):
@@ -172,7 +172,7 @@ class LevelZeroRuntime(Runtime):
             return [_event(call, "sync", {SYNCS[name]: call.arg(ARG0), "timeout": call.arg(ARG1), **ret})]
         return []
 
-    def _module(self, call: Call, mem: ProcessMemory, ret: dict[str, int]) -> list[RawEvent | GpuCode]:
+    def _module(self, call: Call, mem: TargetMemory, ret: dict[str, int]) -> list[RawEvent | GpuCode]:
         fmt = _u32(call.deref(0))
         size = call.deref(1)
         image = call.deref(2)
@@ -211,7 +211,7 @@ class LevelZeroRuntime(Runtime):
         self._remember(self._modules, (call.pid, call.out or 0), digest, call.ret)
         return [_event(call, "meta", args, strs), *out]
 
-    def _kernel(self, call: Call, mem: ProcessMemory, ret: dict[str, int]) -> list[RawEvent | GpuCode]:
+    def _kernel(self, call: Call, mem: TargetMemory, ret: dict[str, int]) -> list[RawEvent | GpuCode]:
         module = call.arg(ARG0)
         name = call.string.decode("utf-8", "replace") if call.string else None
         ptr = call.deref(0)
@@ -261,7 +261,7 @@ class LevelZeroRuntime(Runtime):
         return _event(call, "compute", args, strs)
 
     @staticmethod
-    def _usdt(call: Call, mem: ProcessMemory) -> RawEvent:
+    def _usdt(call: Call, mem: TargetMemory) -> RawEvent:
         """A USDT site: launch_kernel gives a kernel placement (meta: the API launch already counts it), and
         compile_kernel the path of the debug zebin it wrote."""
         values = [v.value(call) for v in call.spec.usdt]

@@ -12,7 +12,7 @@ from typing import ClassVar, Protocol
 from aiflame.agent.kernel.records import MAX_PROBES, ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
 from aiflame.agent.kernel.uprobes import UprobeError
-from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, ProcessMemory, Runtime
+from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.usdt import usdt_spec
 from aiflame.core.raw import GpuCode, RawEvent
 from aiflame.symbolize.errors import SymbolizeError
@@ -84,7 +84,7 @@ class ProcessExit(Runtime):
     def wants(self, lib: Library) -> bool:
         return lib.basename.startswith("libc.so")
 
-    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         return []
 
 
@@ -93,13 +93,13 @@ class ProbeManager:
     (`consider_process`); take its output with `take()`. `on_stop(pid)` runs while a target is stopped (at a
     library open or exit), before it continues: the session re-reads its mappings there."""
 
-    def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: ProcessMemory | None = None,
+    def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: TargetMemory | None = None,
                  on_stop: Callable[[int], None] | None = None) -> None:
         runtimes = [*runtimes, ProcessExit()]
         self.runtimes = runtimes
         self._on_stop = on_stop
         self._bpf = bpf
-        self.mem = mem or ProcessMemory()
+        self.mem = mem or TargetMemory()
         self._specs: list[tuple[Runtime, ProbeSpec]] = []
         for rt in runtimes:
             for spec in rt.specs():

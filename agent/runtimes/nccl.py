@@ -34,8 +34,8 @@ from aiflame.agent.runtimes.base import (
     Deref,
     Library,
     ProbeSpec,
-    ProcessMemory,
     Runtime,
+    TargetMemory,
     drop_pid,
 )
 from aiflame.core.raw import GpuCode, RawEvent
@@ -178,7 +178,7 @@ class NcclRuntime(Runtime):
         drop_pid(self._comms, pid)
         drop_pid(self._group_depth, pid)
 
-    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         name = call.spec.call
         lay = COLLECTIVES.get(name)
         if lay is not None:
@@ -263,7 +263,7 @@ class NcclRuntime(Runtime):
 
     # --- communicators ----------------------------------------------------------------------------------------
 
-    def _init_rank(self, call: Call, name: str, mem: ProcessMemory) -> RawEvent:
+    def _init_rank(self, call: Call, name: str, mem: TargetMemory) -> RawEvent:
         nranks = _i32(call.args[ARG1]) or 0
         rank = _i32(call.args[ARG2]) or 0
         args = {"rank": rank, "nranks": nranks, **self._ret(call)}
@@ -289,7 +289,7 @@ class NcclRuntime(Runtime):
             self._comms[(call.pid, call.out)] = (rank, nranks)
         return _event(call, "meta", name, args, strs)
 
-    def _init_all(self, call: Call, mem: ProcessMemory) -> RawEvent:
+    def _init_all(self, call: Call, mem: TargetMemory) -> RawEvent:
         ndev = _i32(call.args[ARG1]) or 0
         args = {"nranks": ndev, "devlist": call.arg(ARG2), **self._ret(call)}
         if _ok(call.ret) and 0 < ndev <= MAX_INIT_ALL:

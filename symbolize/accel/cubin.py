@@ -5,10 +5,11 @@ offset into that section (16 bytes per instruction, what nvdisasm prints as `/*0
 cubin carries DWARF v3 `.debug_line` programs but no `.debug_info` CU, and every sequence starts at address 0:
 which function a sequence describes is known only from the relocation (`.rel.debug_line` on sm_80,
 `.rela.debug_line` on sm_90) applied to its DW_LNE_set_address. So the line programs are run here directly,
-with those relocations; dwarf_lines.py's reader assumes host-style absolute addresses and drops sequences at 0.
+with those relocations (dwarf_lines.py's reader assumes host-style absolute addresses and drops sequences at 0),
+through the header parser and state machine of dwarf_program.py.
 
-The ELF headers are read with elf.py's bounded helpers over an in-memory buffer (cubins come out of fatbins,
-never from a file of their own). Malformed input raises `CubinError`, a SymbolizeError.
+The ELF headers are read with elf_format.py's bounded helpers over an in-memory buffer (cubins come out of
+fatbins, never from a file of their own). Malformed input raises `CubinError`, a SymbolizeError.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from aiflame.core.errors import BadInput
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.objfmt.dwarf_lines import LineHeader, run_line_program, uleb
-from aiflame.symbolize.objfmt.elf import Section, _extended_counts, _parse_header, _read_sections, _Reader
+from aiflame.symbolize.objfmt.dwarf_forms import DWARF_ERRORS
+from aiflame.symbolize.objfmt.dwarf_program import parse_line_header, run_line_program
+from aiflame.symbolize.objfmt.elf_format import Reader, Section, extended_counts, parse_header, read_sections
 
 __all__ = ["EM_CUDA", "Cubin", "CubinError", "CubinLines", "Kernel", "LineRange", "parse_cubin"]
 
@@ -163,15 +164,15 @@ def parse_cubin(data: bytes, *, label: str = "cubin", digest: str | None = None)
     a 64-bit little-endian EM_CUDA ELF or is malformed.
     """
     try:
-        h = _parse_header(data, label)
+        h = parse_header(data, label)
         if h.e_machine != EM_CUDA:
             raise CubinError(f"{label}: not a cubin (e_machine {h.e_machine})")
         if not h.layout.is64 or h.layout.ehdr.format[0] != "<":
             raise CubinError(f"{label}: not a 64-bit little-endian cubin")
         # All reads are bounded by len(data) and served from it; the descriptor is never used.
-        r = _Reader(-1, len(data), data, label)
-        _phnum, shnum, shstrndx = _extended_counts(r, h)
-        sections = _read_sections(r, h, shnum, shstrndx)
+        r = Reader(-1, len(data), data, label)
+        _phnum, shnum, shstrndx = extended_counts(r, h)
+        sections = read_sections(r, h, shnum, shstrndx)
     except CubinError:
         raise
     except SymbolizeError as e:
@@ -246,7 +247,7 @@ class _LineReader:
         try:
             while pos + 4 <= len(data):
                 pos = self._unit(data, pos, relocs, seqs)
-        except (IndexError, struct.error, ValueError, BadInput) as e:  # BadInput: dwarf_lines' malformed-program error
+        except DWARF_ERRORS as e:
             raise CubinError(f"{self.label}: malformed .debug_line ({e})") from None
         return CubinLines(_tables(seqs))
 
@@ -280,47 +281,11 @@ class _LineReader:
         self, data: bytes, pos: int, relocs: dict[int, _Reloc], seqs: list[_Seq]
     ) -> int:
         """Run the line program at `pos`; the offset of the next one."""
-        (length,) = struct.unpack_from("<I", data, pos)
-        offsize = 4
-        body = pos + 4
-        if length == 0xFFFFFFFF:
-            (length,) = struct.unpack_from("<Q", data, pos + 4)
-            offsize, body = 8, pos + 12
-        elif length >= 0xFFFFFFF0:
-            raise ValueError("reserved unit length")
-        end = int(body + length)
-        if end > len(data):
+        prog = parse_line_header(data, pos, "little", max_version=4)
+        if prog.end > len(data):
             raise ValueError("line program runs past the section")
-        (version,) = struct.unpack_from("<H", data, body)
-        if not 2 <= version <= 4:
-            raise ValueError(f"line table version {version}")
-        p = body + 2
-        header_length = int.from_bytes(data[p : p + offsize], "little")
-        p += offsize
-        program = p + header_length
-        min_len = data[p]
-        p += 2 if version >= 4 else 1  # maximum_operations_per_instruction is VLIW-only
-        line_base = struct.unpack_from("b", data, p + 1)[0]  # data[p] is default_is_stmt: every row counts
-        line_range, opcode_base = data[p + 2], data[p + 3]
-        p += 4
-        if not line_range or not opcode_base or program > end:
-            raise ValueError("bad line program header")
-        std_lengths = data[p : p + opcode_base - 1]
-        p += opcode_base - 1
-        dirs: list[str] = []
-        while data[p]:
-            e = data.index(b"\0", p, end)
-            dirs.append(data[p:e].decode("utf-8", "replace"))
-            p = e + 1
-        p += 1
-        files: list[str] = []
-        while data[p]:
-            e = data.index(b"\0", p, end)
-            name = data[p:e].decode("utf-8", "replace")
-            d, p = uleb(data, e + 1)
-            _mtime, p = uleb(data, p)
-            _size, p = uleb(data, p)
-            files.append(_join(dirs, d, name))
+        files = [_join(prog.dirs, d, name) for name, d in prog.files]
+
         def set_address(at: int, size: int) -> tuple[str | None, int]:
             # the relocation of the address field says whose address it is
             return self._relocated(relocs.get(at), int.from_bytes(data[at : at + size], "little"))
@@ -328,10 +293,10 @@ class _LineReader:
         def define_file(name: str, d: int) -> None:
             files.append(_join([], d, name))
 
-        header = LineHeader(min_len, line_base, line_range, opcode_base, std_lengths)
-        for kernel, rows in run_line_program(data, program, end, header, "little", set_address, define_file):
+        for kernel, rows in run_line_program(data, prog.program, prog.end, prog.header, "little", set_address,
+                                             define_file):
             seqs.append(_Seq(kernel, rows, files))
-        return end
+        return prog.end
 
     @staticmethod
     def _relocated(reloc: _Reloc | None, field: int) -> tuple[str | None, int]:

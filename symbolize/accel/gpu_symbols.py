@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiflame.core.capture import CaptureError, is_capture, read_capture
 from aiflame.symbolize.accel.cubin import Cubin, CubinError, Kernel, parse_cubin
 from aiflame.symbolize.accel.fatbin import FatbinEntry, iter_entries, read_fatbin_file
 from aiflame.symbolize.accel.sass import SassError, disassemble, find_nvdisasm
@@ -137,19 +138,14 @@ class _Source:
 
 
 def _is_capture(path: str | os.PathLike[str]) -> bool:
-    from aiflame.core.capture import MAGIC  # the capture format belongs to the agent
-
     try:
-        with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
+        return is_capture(path)
+    except CaptureError:
+        return False  # read_fatbin_file says why
 
 
 def _capture_entries(path: str | os.PathLike[str]) -> list[FatbinEntry]:
     """The cubins an aiflame capture stored (and those inside fatbins it copied from memory), numbered in order."""
-    from aiflame.core.capture import CaptureError, read_capture
-
     label = os.fsdecode(path)
     try:
         cap = read_capture(Path(path))

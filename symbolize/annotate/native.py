@@ -36,7 +36,9 @@ from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.debugfiles import find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
-from aiflame.symbolize.objfmt.elf import ElfFile, Section, Symbol
+from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.elf_format import Section
+from aiflame.symbolize.objfmt.elf_symbols import Symbol
 
 __all__ = ["Module", "annotate_native", "leaf_samples"]
 

@@ -23,19 +23,15 @@ range or the instruction has no location, the result is `firstlineno`.
 
 from __future__ import annotations
 
-import os
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from aiflame.core.errors import BadInput, TargetGone
+from aiflame.core.errors import BadInput
 from aiflame.core.python_layouts import PyLayout
+from aiflame.core.raw import CodeInfo
+from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError, Reader, read_cstring
 
 __all__ = [
-    "CodeInfo",
     "CodeResolver",
-    "ProcessMemory",
-    "ProcessMemoryError",
     "PythonObjectError",
     "decode_unicode",
     "line_for",
@@ -47,72 +43,21 @@ _MAX_LINETABLE_BYTES = 1 << 20
 _MAX_TYPE_NAME = 256
 _CACHE_LIMIT = 1 << 16
 
-Reader = Callable[[int, int], bytes]
-
-
-class ProcessMemoryError(TargetGone):
-    """Memory of a process could not be read (gone, unmapped address, no permission); one line."""
-
 
 class PythonObjectError(BadInput):
     """Bytes read from a process do not make a valid Python object of the expected kind; one line."""
-
-
-class ProcessMemory:
-    """Reads from `/proc/PID/mem` with pread; every failure (including short reads) is ProcessMemoryError."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        try:
-            self._fd: int | None = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise ProcessMemoryError(f"pid {pid}: cannot open memory: {e.strerror or e}") from None
-
-    def read(self, addr: int, size: int) -> bytes:
-        if self._fd is None:
-            raise ProcessMemoryError(f"pid {self.pid}: memory reader is closed")
-        if addr <= 0 or size < 0 or addr + size > 1 << 64:
-            raise ProcessMemoryError(f"pid {self.pid}: bad address {addr:#x}")
-        try:
-            data = os.pread(self._fd, size, addr)
-        except (OSError, OverflowError) as e:
-            msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise ProcessMemoryError(f"pid {self.pid}: cannot read {size} bytes at {addr:#x}: {msg}") from None
-        if len(data) != size:
-            raise ProcessMemoryError(f"pid {self.pid}: short read at {addr:#x}")
-        return data
-
-    def u64(self, addr: int) -> int:
-        return int.from_bytes(self.read(addr, 8), "little")
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> ProcessMemory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _u64(b: bytes, off: int) -> int:
     return int.from_bytes(b[off : off + 8], "little")
 
 
-def read_cstring(read: Reader, addr: int, limit: int = _MAX_TYPE_NAME) -> bytes:
-    """A NUL-terminated string of at most `limit` bytes, read in small chunks (it may end near a page end)."""
-    out = b""
-    while len(out) < limit:
-        chunk_addr = addr + len(out)
-        n = min(64 - (chunk_addr % 64), limit - len(out))  # never cross a 64-byte boundary in one read
-        chunk = read(chunk_addr, n)
-        nul = chunk.find(b"\0")
-        if nul >= 0:
-            return out + chunk[:nul]
-        out += chunk
-    raise PythonObjectError(f"string at {addr:#x} is not terminated within {limit} bytes")
+def _cstring(read: Reader, addr: int, limit: int = _MAX_TYPE_NAME) -> bytes:
+    """A NUL-terminated string of at most `limit` bytes; PythonObjectError when it runs on past them."""
+    out = read_cstring(read, addr, limit)
+    if len(out) >= limit:
+        raise PythonObjectError(f"string at {addr:#x} is not terminated within {limit} bytes")
+    return out
 
 
 def read_type_name(read: Reader, obj_addr: int, layout: PyLayout) -> str:
@@ -123,7 +68,7 @@ def read_type_name(read: Reader, obj_addr: int, layout: PyLayout) -> str:
     name_addr = _u64(read(type_addr + layout.type_name, 8), 0)
     if not name_addr:
         raise PythonObjectError(f"type at {type_addr:#x} has no name")
-    return read_cstring(read, name_addr).decode("utf-8", "replace")
+    return _cstring(read, name_addr).decode("utf-8", "replace")
 
 
 def decode_unicode(read: Reader, addr: int, layout: PyLayout, max_chars: int = _MAX_STRING_CHARS) -> str:
@@ -175,18 +120,6 @@ def read_bytes_object(read: Reader, addr: int, layout: PyLayout, limit: int = _M
     if not 0 <= size <= limit:
         raise PythonObjectError(f"bytes at {addr:#x}: implausible size {size}")
     return read(addr + layout.bytes_sval, size) if size else b""
-
-
-@dataclass(frozen=True, slots=True)
-class CodeInfo:
-    """What a code object tells a profiler. `first_instr_offset`: offset of co_code_adaptive (3.11+), 0 on 3.10."""
-
-    qualname: str
-    filename: str
-    firstlineno: int
-    line_table: bytes
-    version: tuple[int, int]
-    first_instr_offset: int
 
 
 # --- line tables ------------------------------------------------------------------------------------------
@@ -378,7 +311,7 @@ class CodeResolver:
             mem = self._memory()
             try:
                 name_ptr = mem.u64(type_ptr + self.layout.type_name)
-                known = read_cstring(mem.read, name_ptr) == b"code"
+                known = _cstring(mem.read, name_ptr) == b"code"
             except (ProcessMemoryError, PythonObjectError):
                 return False  # not cached: the pointer may be garbage read mid-update
             self._code_types[type_ptr] = known

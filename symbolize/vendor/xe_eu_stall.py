@@ -26,6 +26,7 @@ from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = [
     "LAYOUTS",
+    "RECORD_SIZE",
     "XeKernel",
     "XeLayout",
     "XeParse",
@@ -36,7 +37,7 @@ __all__ = [
     "xe_kernels_from_events",
 ]
 
-RECORD_SIZE = 64
+RECORD_SIZE = 64  # bytes per record on PVC and Xe2, when the driver does not say
 
 
 class XeStallError(SymbolizeError):

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from aiflame.agent.kernel.records import PyProcRec
-from aiflame.agent.kernel.sampler import TARGET_ON, TARGET_PY, CpuSampler, ProcEvent, SamplerConfig
+from aiflame.agent.kernel.records import PyProcRec, TargetFlag
+from aiflame.agent.kernel.sampler import CpuSampler, ProcEvent, SamplerConfig
 from aiflame.core.raw import RawSample
 from tests.conftest import REPO
 
@@ -74,10 +74,10 @@ def test_maps_round_trip() -> None:
         sampler.set_python(22, PyProcRec())
         sampler.set_python(33, PyProcRec())  # not a target: stays out
         flags = sampler._bpf.maps["targets"]
-        assert flags.lookup((22).to_bytes(4, "little")) == (TARGET_ON | TARGET_PY).to_bytes(4, "little")
+        assert flags.lookup((22).to_bytes(4, "little")) == (TargetFlag.ON | TargetFlag.PY).to_bytes(4, "little")
         assert sorted(sampler.targets()) == [11, 22]
         sampler.clear_python(22)
-        assert flags.lookup((22).to_bytes(4, "little")) == TARGET_ON.to_bytes(4, "little")
+        assert flags.lookup((22).to_bytes(4, "little")) == TargetFlag.ON.to_bytes(4, "little")
         sampler.remove_target(11)
         sampler.remove_target(11)  # already gone: no error
         assert sampler.targets() == [22]

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from aiflame.agent.python.detect import PythonUnsupported, detect_python, python_threads, read_python_stack
-from aiflame.symbolize.python.code import CodeResolver, ProcessMemory, line_for
+from aiflame.symbolize.process_memory import ProcessMemory
+from aiflame.symbolize.python.code import CodeResolver, line_for
 from tests.conftest import INTERPRETERS
 
 UNSUPPORTED = "/root/.pyenv/versions/3.9.18/bin/python"

@@ -1,4 +1,4 @@
-"""The record layouts are defined once in bpf/aiflame.h; agent/records.py mirrors them. This test compiles the
+"""The record layouts are defined once in bpf/aiflame.h; agent/kernel/records.py mirrors them. This test compiles the
 real sampler and compares the compiler's view of the C structs with the Python mirror, field by field."""
 
 from __future__ import annotations
@@ -7,7 +7,16 @@ import ctypes
 import re
 from typing import Any
 
-from aiflame.agent.kernel.records import CallRec, OpenRec, ProbeSpecRec, ProcRec, PyProcRec, RetRec, SampleRec
+from aiflame.agent.kernel.records import (
+    CallRec,
+    OpenRec,
+    ProbeSpecRec,
+    ProcRec,
+    PyProcRec,
+    RetRec,
+    SampleRec,
+    TargetFlag,
+)
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig, bpf_source
 from aiflame.agent.kernel.unwind import MAX_MAPS, ROWS_EVICTED, UnwindProc
 from aiflame.core.unwind import STOPS, USED_FP
@@ -45,11 +54,9 @@ def test_print_bpf_inlines_header_and_defines() -> None:
 
 
 def test_target_flags_agree() -> None:
-    from aiflame.agent.kernel.sampler import TARGET_ON, TARGET_PY
-
     text = bpf_source(SamplerConfig())
     defines = dict(re.findall(r"^#define (TARGET_\w+) (\d+)", text, re.M))
-    assert defines == {"TARGET_ON": str(TARGET_ON), "TARGET_PY": str(TARGET_PY)}
+    assert defines == {"TARGET_ON": str(int(TargetFlag.ON)), "TARGET_PY": str(int(TargetFlag.PY))}
 
 
 def test_unwind_constants_agree() -> None:

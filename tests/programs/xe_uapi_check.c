@@ -1,6 +1,6 @@
 /* Fills the Xe uapi structs aiflame packs and parses (include/uapi/drm/xe_drm.h, Linux >= 6.15) with known
  * values and prints their bytes and the ioctl numbers as JSON, so a test can compare them with
- * agent/accel/xe_eu_stall.py. Built with -include pointing at the header found on the host. */
+ * agent/accel/xe_stream.py. Built with -include pointing at the header found on the host. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>

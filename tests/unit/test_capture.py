@@ -8,11 +8,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.core.capture import MAGIC, STALL_BATCH, CaptureError, CaptureWriter, read_capture, write_capture
+from aiflame import __version__
+from aiflame.core.capture import (
+    FORMAT_VERSION,
+    MAGIC,
+    STALL_BATCH,
+    CaptureError,
+    CaptureWriter,
+    is_capture,
+    new_header,
+    read_capture,
+    write_capture,
+)
 from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
+    CodeInfo,
     Mapping,
     ProcessSnapshot,
     PyCode,
@@ -43,7 +55,7 @@ def _capture(samples: list[RawSample]) -> Capture:
         [ProcessSnapshot(7, 5, [Mapping(0x1000, 0x2000, 0, "/bin/x", "abcd", "r-xp")], 1, "x", ["x", "-y"], "/bin/x",
                          2)],
         {0xFFFF0000: "do_sys_read"},
-        [PyCode(7, 0x7000, 5, "Cls.method", "/x.py", 3, b"\x01\x02", (3, 12), 192)],
+        [PyCode(7, 0x7000, 5, CodeInfo("Cls.method", "/x.py", 3, b"\x01\x02", (3, 12), 192))],
         [PyRuntimeInfo(7, "3.12.1", "dwarf:/lib/libpython3.12.so", "/lib/libpython3.12.so")],
         footer=CaptureFooter(10, 20, 0, {"lost": 3}, "duration", 0.25),
     )
@@ -81,6 +93,20 @@ def test_missing_and_foreign_files(tmp_path: Path) -> None:
         read_capture(tmp_path / "f")
     with pytest.raises(CaptureError, match="is a directory"):
         read_capture(tmp_path)
+
+
+def test_new_header_and_is_capture(tmp_path: Path) -> None:
+    h = new_header(99, "cpu-clock", ("aiflame", "profile"), "pid 7", {"aiflame.mode": "daemon"})
+    assert (h.format_version, h.aiflame_version, h.argv, h.target) == (FORMAT_VERSION, __version__,
+                                                                        ["aiflame", "profile"], "pid 7")
+    assert h.host and h.kernel and h.machine and h.start_wall_ns > 0 and h.start_mono_ns > 0
+    path = tmp_path / "c.aiflame"
+    write_capture(path, Capture(h, footer=CaptureFooter()))
+    assert is_capture(path) and read_capture(path).header == h
+    (tmp_path / "f").write_bytes(b"a;b 1\n")
+    assert not is_capture(tmp_path / "f")
+    with pytest.raises(CaptureError, match="No such file"):
+        is_capture(tmp_path / "nope")
 
 
 def test_truncated_file(tmp_path: Path) -> None:

@@ -6,6 +6,9 @@ collective jobs."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.rank_env import parse_environ
+from aiflame.agent.rank_env import VARIABLES, rank_args, rank_event
 from aiflame.core.model import EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
 from aiflame.exporters.chakra import decode_et, encode_rank, write_traces
 from aiflame.exporters.chakra_check import check_nodes
@@ -331,17 +334,29 @@ def test_random_jobs_pass_the_validator_and_replay(job: list[tuple[str, int, int
 
 
 def test_rank_environment_parsing() -> None:
-    env = b"PATH=/bin\0RANK=3\0WORLD_SIZE=4\0LOCAL_RANK=1\0LOCAL_WORLD_SIZE=2\0"
-    assert parse_environ(env) == {"rank": 3, "world_size": 4, "local_rank": 1, "local_world_size": 2}
-    assert parse_environ(b"RANK=3\0WORLD_SIZE=2\0") == {}  # a rank outside its world places nothing
-    assert parse_environ(b"RANK=x\0WORLD_SIZE=2\0") == {}
-    assert parse_environ(b"RANK=-1\0WORLD_SIZE=2") == {}
-    assert parse_environ(b"RANK=0") == {}
+    env = {"PATH": "/bin", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert rank_args(env) == {"rank": 3, "world_size": 4, "local_rank": 1, "local_world_size": 2}
+    assert rank_args({"RANK": "3", "WORLD_SIZE": "2"}) == {}  # a rank outside its world places nothing
+    assert rank_args({"RANK": "x", "WORLD_SIZE": "2"}) == {}
+    assert rank_args({"RANK": "-1", "WORLD_SIZE": "2"}) == {}
+    assert rank_args({"RANK": "\u0663", "WORLD_SIZE": "\u0664"}) == {}  # digits, but not ASCII ones
+    assert rank_args({"RANK": "0"}) == {}
+
+
+def test_rank_event_of_a_live_process() -> None:
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                          env=env) as child:
+        ev = rank_event(child.pid, 5)
+        assert child.stdin is not None
+        child.stdin.close()
+    assert ev is not None and ev.args == {"rank": 1, "world_size": 2} and ev.pid == child.pid
+    assert rank_event(child.pid, 5) is None  # gone
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=200))
-def test_rank_environment_fuzz(data: bytes) -> None:
-    out = parse_environ(data)
+@given(st.dictionaries(st.sampled_from([*VARIABLES, "PATH"]), st.text(max_size=10)))
+def test_rank_environment_fuzz(env: dict[str, str]) -> None:
+    out = rank_args(env)
     if "rank" in out:
         assert 0 <= out["rank"] < out["world_size"]

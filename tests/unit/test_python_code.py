@@ -16,11 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiflame.core.python_layouts import PyLayout, layout_for
+from aiflame.core.raw import CodeInfo
+from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
 from aiflame.symbolize.python.code import (
-    CodeInfo,
     CodeResolver,
-    ProcessMemory,
-    ProcessMemoryError,
     PythonObjectError,
     decode_unicode,
     line_for,

@@ -1,12 +1,16 @@
-"""Decoding ring-buffer records (the layout itself is checked against the C in the integration tests)."""
+"""Decoding ring-buffer records, and the constants shared with bpf/aiflame.h (the struct layouts themselves are
+checked against the compiled C in the integration tests)."""
 
 from __future__ import annotations
 
 import ctypes
+import enum
+import re
 
-from aiflame.agent.kernel.records import ProcRec, RecKind, SampleRec
-from aiflame.agent.kernel.sampler import ProcEvent, decode_record
-from aiflame.core.raw import RawPyFrame, RawSample
+from aiflame.agent.kernel import records
+from aiflame.agent.kernel.records import ProbeFlag, ProcRec, RecKind, SampleRec, TargetFlag
+from aiflame.agent.kernel.sampler import BPF_DIR, ProcEvent, decode_record
+from aiflame.core.raw import PyFlag, RawPyFrame, RawSample
 
 
 def test_sample_record() -> None:
@@ -45,3 +49,35 @@ def test_proc_record() -> None:
 
 def test_unknown_kind_is_ignored() -> None:
     assert decode_record(b"\x63\x00\x00\x00" + bytes(60)) is None
+
+
+def _header_values() -> dict[str, int]:
+    """Every `#define NAME <number>` and `NAME = <number>` enum entry of bpf/aiflame.h."""
+    text = re.sub(r"/\*.*?\*/", "", (BPF_DIR / "aiflame.h").read_text(), flags=re.S)
+    found = re.findall(r"^\s*#define\s+(\w+)\s+(\d+)\s*$", text, re.M)
+    found += re.findall(r"^\s*(\w+)\s*=\s*(\d+)\s*,", text, re.M)
+    return {name: int(v) for name, v in found}
+
+
+def _members(prefix: str, e: type[enum.Enum]) -> dict[str, int]:
+    return {prefix + m.name: int(m.value) for m in e}
+
+
+def test_flags_and_kinds_agree_with_the_c_header() -> None:
+    c = _header_values()
+    for prefix, mirror in (("PY_", PyFlag), ("TARGET_", TargetFlag), ("PROBE_", ProbeFlag), ("REC_", RecKind),
+                           ("CNT_", records.Counter)):
+        in_c = {k: v for k, v in c.items() if k.startswith(prefix) and k != "CNT_MAX"}
+        assert in_c == _members(prefix, mirror), prefix
+    assert c["CNT_MAX"] == records.COUNTER_SLOTS
+
+
+def test_sizes_agree_with_the_c_header() -> None:
+    c = _header_values()
+    assert {name: c["AIFLAME_" + name] for name in ("MAX_STACK", "COMM_LEN", "MAX_PY_FRAMES", "MAX_PROBES",
+                                                   "PROBE_ARGS", "PROBE_DEREFS", "PROBE_REGS", "CALL_STR",
+                                                   "PATH_LEN")} == {
+        "MAX_STACK": records.MAX_STACK, "COMM_LEN": records.COMM_LEN, "MAX_PY_FRAMES": records.MAX_PY_FRAMES,
+        "MAX_PROBES": records.MAX_PROBES, "PROBE_ARGS": records.PROBE_ARGS, "PROBE_DEREFS": records.PROBE_DEREFS,
+        "PROBE_REGS": records.PROBE_REGS, "CALL_STR": records.CALL_STR, "PATH_LEN": records.PATH_LEN,
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.runtimes.base import DEREF1, MAX_DEREFS, Call, Library, ProbeSpec, ProcessMemory
+from aiflame.agent.runtimes.base import DEREF1, MAX_DEREFS, Call, Library, ProbeSpec, TargetMemory
 from aiflame.agent.runtimes.gloo import (
     BY_CALL,
     CONTEXT_CALL,
@@ -38,18 +38,18 @@ def _call(call: str, args: list[int] | None = None, derefs: tuple[int | None, ..
                 end_ns=end, out=out)
 
 
-def _one(rt: GlooRuntime, call: Call, mem: ProcessMemory | None = None) -> RawEvent:
+def _one(rt: GlooRuntime, call: Call, mem: TargetMemory | None = None) -> RawEvent:
     out = rt.decode(call, mem or NoMemory())
     assert len(out) == 1 and isinstance(out[0], RawEvent), out
     return out[0]
 
 
-class NoMemory(ProcessMemory):
+class NoMemory(TargetMemory):
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
         return None
 
 
-class FakeMemory(ProcessMemory):
+class FakeMemory(TargetMemory):
     """A process whose memory holds `words` (address -> u64)."""
 
     def __init__(self, words: dict[int, int]) -> None:
@@ -263,7 +263,7 @@ def test_wants_libtorch_cpu_only() -> None:
     assert set(BY_CALL) <= {s.call for s in rt.specs()}
 
 
-class RandomMemory(ProcessMemory):
+class RandomMemory(TargetMemory):
     def __init__(self, data: bytes | None) -> None:
         self.data = data
 

@@ -10,7 +10,7 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.runtimes.base import Call, Library, ProcessMemory
+from aiflame.agent.runtimes.base import Call, Library, TargetMemory
 from aiflame.agent.runtimes.level_zero import SPECS, LevelZeroRuntime, module_kind
 from aiflame.core.raw import GpuCode, RawEvent
 
@@ -25,7 +25,7 @@ SPIRV = struct.pack("<5I", 0x07230203, 0x10000, 0, 8, 0) + bytes(44)
 SPEC = {s.call: s for s in SPECS}
 
 
-class FakeMemory(ProcessMemory):
+class FakeMemory(TargetMemory):
     """Memory of a target: {address: bytes}; everything else is unreadable."""
 
     def __init__(self, regions: dict[int, bytes] | None = None) -> None:
@@ -54,7 +54,7 @@ def split(out: list[RawEvent | GpuCode]) -> tuple[list[RawEvent], list[GpuCode]]
     return evs, code
 
 
-def one(rt: LevelZeroRuntime, c: Call, mem: ProcessMemory | None = None) -> RawEvent:
+def one(rt: LevelZeroRuntime, c: Call, mem: TargetMemory | None = None) -> RawEvent:
     evs, code = split(rt.decode(c, mem or FakeMemory()))
     assert len(evs) == 1 and not code
     return evs[0]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from aiflame.agent.kernel.records import ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, RetRecord
 from aiflame.agent.kernel.uprobes import UprobeError
-from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, ProcessMemory, Runtime
+from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
 from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
 from aiflame.core.raw import GpuCode, RawEvent
@@ -49,7 +49,7 @@ class Libc(Runtime):
     def wants(self, lib: Library) -> bool:
         return lib.basename.startswith("libc.so")
 
-    def decode(self, call: Call, mem: ProcessMemory) -> list[RawEvent | GpuCode]:
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
         return [call.event("libc-test", "other", bytes=call.arg(2))]
 
 
@@ -159,7 +159,7 @@ def test_cuda_launch_decodes_grid_block_shmem_stream() -> None:
     rt = CudaRuntime()
     call = _cuda_call("cudaLaunchKernel", [0x401000, 4 | 2 << 32, 3, 256 | 1 << 32, 1], (128, 0xABC, None, None),
                       ret=35)
-    (ev,) = rt.decode(call, ProcessMemory())
+    (ev,) = rt.decode(call, TargetMemory())
     assert isinstance(ev, RawEvent) and ev.kind == "compute"
     assert {k: ev.args[k] for k in ("func", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shmem",
                                     "stream", "ret")} == {"func": 0x401000, "grid_x": 4, "grid_y": 2, "grid_z": 3,
@@ -169,22 +169,22 @@ def test_cuda_launch_decodes_grid_block_shmem_stream() -> None:
 
 def test_cuda_get_kernel_handle_maps_back_to_the_host_stub() -> None:
     rt = CudaRuntime()
-    rt.decode(_cuda_call("__cudaGetKernel", [0x7000, 0x401000], out=0xDEAD), ProcessMemory())
-    (ev,) = rt.decode(_cuda_call("cudaLaunchKernel", [0xDEAD]), ProcessMemory())
+    rt.decode(_cuda_call("__cudaGetKernel", [0x7000, 0x401000], out=0xDEAD), TargetMemory())
+    (ev,) = rt.decode(_cuda_call("cudaLaunchKernel", [0xDEAD]), TargetMemory())
     assert isinstance(ev, RawEvent) and ev.args["func"] == 0x401000
 
 
 def test_driver_launch_inside_a_runtime_launch_is_not_counted_twice() -> None:
     rt = CudaRuntime()
     inner = _cuda_call("cuLaunchKernel", [0x55, 1, 1, 1, 32, 1], parent="cudaLaunchKernel")
-    assert rt.decode(inner, ProcessMemory()) == []
+    assert rt.decode(inner, TargetMemory()) == []
     alone = _cuda_call("cuLaunchKernel", [0x55, 8, 1, 1, 32, 1], (1, 64, 0x9, None))
-    (ev,) = rt.decode(alone, ProcessMemory())
+    (ev,) = rt.decode(alone, TargetMemory())
     assert isinstance(ev, RawEvent) and (ev.args["grid_x"], ev.args["block_x"], ev.args["shmem"]) == (8, 32, 64)
 
 
 def test_cuda_memcpy_direction_and_bytes() -> None:
-    (ev,) = CudaRuntime().decode(_cuda_call("cudaMemcpy", [0x1, 0x2, 4096, 2]), ProcessMemory())
+    (ev,) = CudaRuntime().decode(_cuda_call("cudaMemcpy", [0x1, 0x2, 4096, 2]), TargetMemory())
     assert isinstance(ev, RawEvent) and (ev.kind, ev.args["bytes"], ev.strs["direction"]) == ("copy", 4096, "DtoH")
 
 
@@ -200,7 +200,7 @@ def test_code_object_size() -> None:
     assert code_object_size(b"junk" * 20) is None
 
 
-class NoMemory(ProcessMemory):
+class NoMemory(TargetMemory):
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
         return None
 
@@ -223,7 +223,7 @@ def test_process_memory_reads_our_own_process() -> None:
     import os
 
     buf = ctypes.create_string_buffer(b"hello aiflame")
-    mem = ProcessMemory()
+    mem = TargetMemory()
     assert mem.read_cstr(os.getpid(), ctypes.addressof(buf)) == "hello aiflame"
     assert mem.read(os.getpid(), 0, 8) is None
     assert mem.file_of(os.getpid(), ctypes.addressof(buf)) is None  # heap: anonymous

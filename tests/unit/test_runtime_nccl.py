@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.runtimes.base import Call, Library, ProcessMemory
+from aiflame.agent.runtimes.base import Call, Library, TargetMemory
 from aiflame.agent.runtimes.nccl import COLLECTIVES, SPECS, NcclRuntime
 from aiflame.core.raw import GpuCode, RawEvent
 
@@ -19,7 +19,7 @@ STREAM = 0x5151
 SPEC = {s.call: s for s in SPECS}
 
 
-class FakeMemory(ProcessMemory):
+class FakeMemory(TargetMemory):
     """Memory of a target: {address: bytes}; everything else is unreadable."""
 
     def __init__(self, regions: dict[int, bytes] | None = None) -> None:
@@ -44,7 +44,7 @@ def events(out: list[RawEvent | GpuCode]) -> list[RawEvent]:
     return [e for e in out if isinstance(e, RawEvent)]
 
 
-def one(rt: NcclRuntime, c: Call, mem: ProcessMemory | None = None) -> RawEvent:
+def one(rt: NcclRuntime, c: Call, mem: TargetMemory | None = None) -> RawEvent:
     (ev,) = events(rt.decode(c, mem or FakeMemory()))
     return ev
 

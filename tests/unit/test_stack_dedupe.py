@@ -14,9 +14,11 @@ from aiflame.core.raw import (
     Capture,
     CaptureFooter,
     CaptureHeader,
+    CodeInfo,
     Mapping,
     ProcessSnapshot,
     PyCode,
+    PyFlag,
     PyRuntimeInfo,
     RawEvent,
     RawPyFrame,
@@ -24,7 +26,7 @@ from aiflame.core.raw import (
 )
 from aiflame.symbolize import stacks
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.stacks import PY_TRUNCATED, PY_TSTATE, StackOptions, symbolize_capture
+from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
 APP, OTHER, LIB = "/fake/app", "/fake/other", "/fake/libpython.so"
 EVAL = "_PyEval_EvalFrameDefault"
@@ -45,7 +47,7 @@ KERNS = [(), (0xFFFF1, 0xFFFF2)]  # a named and an unnamed kernel address
 
 PY310 = (RawPyFrame(0xC1, 2), RawPyFrame(0xC2, 0))  # newest first: two runs on 3.10
 PY312 = (RawPyFrame(0xC1, 0), RawPyFrame(0xC9, 0, owner=3), RawPyFrame(0xC2, 0), RawPyFrame(0xC9, 0, owner=3))
-PY_FLAGS = [PY_TSTATE, PY_TSTATE | PY_TRUNCATED, 0]
+PY_FLAGS = [PyFlag.TSTATE, PyFlag.TSTATE | PyFlag.TRUNCATED, 0]
 
 SNAP_TIMES = (100, 1000, 1500)  # pid 10 maps APP, OTHER, then a rebuilt APP at 0x1000
 CODE_REUSE = 500  # pid 10's code address 0xC1 named f before, g after
@@ -67,7 +69,7 @@ def _maps(app: str, build_id: str = "") -> list[Mapping]:
 
 
 def _code(pid: int, addr: int, time_ns: int, name: str, version: tuple[int, int]) -> PyCode:
-    return PyCode(pid, addr, time_ns, name, f"/src/{name}.py", 10, b"", version, 0)
+    return PyCode(pid, addr, time_ns, CodeInfo(name, f"/src/{name}.py", 10, b"", version, 0))
 
 
 def _capture() -> Capture:
@@ -95,9 +97,9 @@ def _capture() -> Capture:
     cap.samples = samples
     cap.events = [
         RawEvent("cuda", "__cudaRegisterFunction", "meta", 10, 11, 5, args={"func": LEAF}),
-        RawEvent("cuda", "cudaLaunchKernel", "compute", 10, 11, 200, 260, TWO_EVAL, py=PY310, py_flags=PY_TSTATE,
+        RawEvent("cuda", "cudaLaunchKernel", "compute", 10, 11, 200, 260, TWO_EVAL, py=PY310, py_flags=PyFlag.TSTATE,
                  args={"func": LEAF}),
-        RawEvent("cuda", "cudaLaunchKernel", "compute", 10, 11, 1200, 1260, TWO_EVAL, py=PY310, py_flags=PY_TSTATE,
+        RawEvent("cuda", "cudaLaunchKernel", "compute", 10, 11, 1200, 1260, TWO_EVAL, py=PY310, py_flags=PyFlag.TSTATE,
                  args={"func": LEAF}),
         RawEvent("cuda", "cudaMemcpy", "copy", 20, 21, 300, 400, ONE_EVAL, args={"bytes": 4096}),
         RawEvent("cuda", "cudaDeviceSynchronize", "sync", 30, 31, 300, 400, user_err=-14),
@@ -142,7 +144,7 @@ def test_equal_raw_samples_share_one_stack_object(monkeypatch: pytest.MonkeyPatc
 
 def test_same_address_names_by_snapshot_and_code_object_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
     cap = _capture()
-    cap.samples = [RawSample(t, 10, 11, 0, "w", TWO_EVAL, (), py=PY310, py_flags=PY_TSTATE) for t in TIMES] * 2
+    cap.samples = [RawSample(t, 10, 11, 0, "w", TWO_EVAL, (), py=PY310, py_flags=PyFlag.TSTATE) for t in TIMES] * 2
     prof = _symbolize(cap, StackOptions(group="none", kernel=False), True, monkeypatch)
     leaf = {s.time_ns: (s.stack[-1].name, s.stack[3].name) for s in prof.samples}
     assert leaf == {50: ("app_leaf", "f"), 60: ("app_leaf", "f"), 200: ("app_leaf", "f"), 500: ("app_leaf", "g"),
@@ -158,7 +160,7 @@ def test_counters_replayed_on_every_hit(monkeypatch: pytest.MonkeyPatch) -> None
     cap = Capture(CaptureHeader(1), processes=[ProcessSnapshot(10, 0, _maps(APP), comm="py")],
                   py_codes=[_code(10, 0xC1, 0, "f", (3, 10)), _code(10, 0xC2, 0, "h", (3, 10))],
                   py_runtimes=[PyRuntimeInfo(10, "3.10.12", "table", "/usr/bin/python3")])
-    cap.samples = [RawSample(t, 10, 11, 0, "w", user, (), py=PY310, py_flags=PY_TSTATE)
+    cap.samples = [RawSample(t, 10, 11, 0, "w", user, (), py=PY310, py_flags=PyFlag.TSTATE)
                    for t in range(7) for user in (TWO_EVAL, ONE_EVAL, SHORT)]
     prof = _symbolize(cap, StackOptions(), True, monkeypatch)
     assert prof.counters == {"python_samples": 21, "python_spliced": 7, "python_mismatched": 7}

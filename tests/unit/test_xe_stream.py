@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.accel import xe_eu_stall as xe
+from aiflame.agent.accel import xe_stream as xe
 from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS
 from tests.conftest import PROGRAMS
 

@@ -1,7 +1,8 @@
-"""Intel Xe EU stall sampling, opened by the agent itself: find `xe` DRM devices, query EU stall support, open
+"""The Intel Xe EU stall stream, opened by the agent itself: find `xe` DRM devices, query EU stall support, open
 the device-wide stream on the main GT with DRM_IOCTL_XE_OBSERVATION, read records on a thread and hand them to
-`symbolize/xe_eu_stall.py`. No target restart: the stream sees every process's kernels on that GT (samples carry
-pid 0 until IPs are mapped to kernels from Level Zero launch information).
+`symbolize/vendor/xe_eu_stall.py`, which alone knows the record format. No target restart: the stream sees every
+process's kernels on that GT (samples carry pid 0 until IPs are mapped to kernels from Level Zero launch
+information).
 
 uapi (include/uapi/drm/xe_drm.h, Linux >= 6.15); every struct is packed here with explicit offsets, and a test
 compiles a C check of these numbers against the header where one is installed:
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from aiflame.core.errors import HostError
 from aiflame.core.raw import RawStallSample
-from aiflame.symbolize.vendor.xe_eu_stall import XeLayout, XeStallError, layout_for, parse_records
+from aiflame.symbolize.vendor.xe_eu_stall import RECORD_SIZE, XeLayout, XeStallError, layout_for, parse_records
 
 __all__ = ["EuStallInfo", "XeDevice", "XeEuStall", "XeEuStallError", "XeGt", "find_xe_devices"]
 
@@ -205,7 +206,7 @@ class XeEuStall:
         self._drm = -1
         self._stream = -1
         self._layout: XeLayout | None = None
-        self._record_size = 64
+        self._record_size = RECORD_SIZE
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -232,7 +233,7 @@ class XeEuStall:
                 raise XeEuStallError(f"{what}: {e}") from None
             if not info.sampling_rates:
                 raise XeEuStallError(f"{what}: the driver lists no EU stall sampling rates")
-            self._record_size = info.record_size or 64
+            self._record_size = info.record_size or RECORD_SIZE
             rate = info.sampling_rates[min(self.rate_index, len(info.sampling_rates) - 1)]
             try:
                 self._stream = open_stream(self._drm, main.gt_id, rate)
