@@ -30,6 +30,9 @@ test: setup examples ## lint, type-check, unit tests and real BPF integration te
 	$(MAKE) -s lint
 	$(PY) -m pytest tests
 
+fuzz: setup examples ## property tests with fresh random examples, 1000 each (make test draws the same ones every run)
+	HYPOTHESIS_PROFILE=explore $(PY) -m pytest tests/unit -q
+
 bench: setup examples ## benchmarks (minutes); results go to bench/results/ and BENCHMARKS.md figures
 	$(PY) bench/run.py
 
@@ -47,4 +50,4 @@ clean: ## remove build outputs (keeps .venv)
 	rm -rf out build *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	@$(MAKE) -s -C examples clean
 
-.PHONY: help setup examples demo lint test bench install-agent uninstall-agent proto clean
+.PHONY: help setup examples demo lint test fuzz bench install-agent uninstall-agent proto clean

@@ -15,6 +15,7 @@ profile's counters, which the summary prints.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -294,18 +295,27 @@ def stall_profile(
 def _diffuse(
     leaves: list[tuple[_Key, Stack, int]], weights: list[int]
 ) -> Iterable[tuple[_Key, Stack, int, list[int]]]:
-    """Split each leaf's count over the launch stacks by `weights`, carrying each stack's rounding error to the
-    next leaf, so every leaf keeps its exact count and every stack's total stays within one of its share."""
-    wsum = sum(weights)
-    err = [0] * len(weights)  # in units of 1/wsum samples
+    """Split each leaf's count over the launch stacks by `weights` so that every leaf keeps its exact count and
+    every stack's running total stays within one sample of its exact share. Whole rounds of sum(weights) samples
+    go out exactly by weight; each remaining sample goes to the stack furthest below its share (largest
+    deficit), which holds the bound (clamped floors with carried errors did not: the property test found a
+    leaf of 2 split into parts summing to 8)."""
+    g = 0
+    for w in weights:
+        g = math.gcd(g, w)
+    w_red = [w // g for w in weights] if g else list(weights)
+    wsum = sum(w_red)
+    got = [0] * len(w_red)
+    seen = 0
     for key, gpu, n in leaves:
-        want = [n * w + e for w, e in zip(weights, err, strict=True)]
-        parts = [max(x // wsum, 0) for x in want]
-        rest = n - sum(parts)
-        order = sorted(range(len(weights)), key=lambda i: (-(want[i] - parts[i] * wsum), i))
-        for i in order[:rest]:
+        rounds, rest = divmod(n, wsum)
+        parts = [rounds * w for w in w_red]
+        seen += rounds * wsum
+        for _ in range(rest):
+            seen += 1
+            i = max(range(len(w_red)), key=lambda j: (seen * w_red[j] - (got[j] + parts[j]) * wsum, -j))
             parts[i] += 1
-        err = [want[i] - parts[i] * wsum for i in range(len(weights))]
+        got = [a + b for a, b in zip(got, parts, strict=True)]
         yield key, gpu, n, parts
 
 

@@ -5,9 +5,19 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from aiflame.agent.accel.cupti_build import CuptiInstall, find_cupti
+
+# Property tests draw the same examples on every run (`make test`, CI): a run that fails fails again, and a pass
+# does not hang on the luck of the draw. `HYPOTHESIS_PROFILE=explore make test` (or `make fuzz`) draws new ones
+# and more of them, to look for bugs; what it finds becomes a fixed example or a fix.
+settings.register_profile("repeatable", derandomize=True, print_blob=True)
+settings.register_profile("explore", max_examples=1000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "bin"
