@@ -33,7 +33,8 @@ enum aiflame_counter {
     CNT_CALL_LOST = 8,    /* runtime call or return records dropped: ring buffer full */
     CNT_OPEN_LOST = 9,    /* library-open records dropped (the target was not stopped) */
     CNT_UW_TAILCALL_FAIL = 10, /* a CFI walk could not tail-call on (its prog array empty): frame pointers used */
-    CNT_MAX = 11,
+    CNT_STOPS_UNRECORDED = 11, /* a target not stopped at a probe: the stops map was full */
+    CNT_MAX = 12,
 };
 
 /* values of the targets map (records.py TargetFlag) */

@@ -20,6 +20,10 @@
 #include "unwind.h"
 
 BPF_HASH(targets, u32, u32, AIFLAME_MAX_TARGETS);
+/* pid -> when a probe stopped it (SIGSTOP at a library open or exit; runtime_probes.bpf.c). The agent deletes the
+ * entry when it continues the target; the stop watchdog (agent/kernel/stop_watchdog.py) holds this map too and
+ * continues any target whose entry is older than its deadline, or every one when the agent dies. */
+BPF_HASH(stops, u32, u64, AIFLAME_MAX_TARGETS);
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 BPF_HASH(py_procs, u32, struct py_proc, 4096);
 /* tid -> its Python thread state, re-checked on every hit (threads come and go). */
@@ -550,6 +554,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 #endif
     py_procs.delete(&tgid);
     unwind_procs.delete(&tgid);
+    stops.delete(&tgid);
     return 0;
 }
 

@@ -32,6 +32,7 @@ from aiflame.agent.kernel.records import (
     TargetFlag,
 )
 from aiflame.agent.kernel.ringbuf import RingBuffer
+from aiflame.agent.kernel.stop_watchdog import StopWatchdog
 from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
 from aiflame.agent.kernel.uprobes import Uprobe, attach_uprobe
 from aiflame.core.errors import HostError
@@ -71,6 +72,9 @@ class SamplerConfig:
     # Walk user stacks with .eh_frame tables (bpf/unwind.h) in processes whose mappings the agent described;
     # False: frame pointers only (the kernel's walk), as before CFI unwinding.
     cfi: bool = True
+    # With probes: the longest a target stays stopped by them. The stop watchdog (stop_watchdog.py) continues it
+    # then, whatever the agent is doing, and at once when the agent dies.
+    stop_deadline_ms: int = 800
 
     @property
     def thinning(self) -> int:
@@ -247,7 +251,7 @@ PROBE_LAYOUT_MAPS = {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_r
 UNWIND_MAPS = ["unwind_rows", "unwind_rules", "unwind_procs", "uw_progs", "uw_call_progs"]
 # The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record.
 UW_PROGS = {"uw_progs": ("uw_step", "sample_finish"), "uw_call_progs": ("uw_call_step", "call_finish")}
-MAPS = ["events", "targets", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
+MAPS = ["events", "targets", "stops", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
@@ -271,6 +275,7 @@ class CpuSampler:
         self._ring: RingBuffer | None = None
         self._uprobes: list[Uprobe] = []
         self._unwind: UnwindTables | None = None
+        self._watchdog: StopWatchdog | None = None
         self.event_used = ""
 
     def start(self, pids: list[int]) -> None:
@@ -289,6 +294,9 @@ class CpuSampler:
                         self._obj.maps[array].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
             if self.config.cfi:
                 self._unwind = UnwindTables(self._obj)
+            if self.config.probes:
+                # before anything can stop a target: every stop is the watchdog's to undo if we cannot
+                self._watchdog = StopWatchdog(self._obj.maps["stops"].fd, self.config.stop_deadline_ms)
             for pid in pids:
                 self.add_target(pid)
             events = self._obj.maps["events"]
@@ -342,6 +350,19 @@ class CpuSampler:
         t = self._bpf.maps["targets"]
         if t.lookup(_U32.pack(pid)) is not None:
             t.update(_U32.pack(pid), _U32.pack(flags))
+
+    def resumed(self, pid: int, stopped_ns: int) -> None:
+        """We continued `pid`, stopped by a probe at `stopped_ns`: the watchdog need not. A later stop of it
+        (a newer time) stays recorded."""
+        stops = self._bpf.maps["stops"]
+        seen = stops.lookup(_U32.pack(pid))
+        if seen is not None and _U64.unpack(seen)[0] <= stopped_ns:
+            stops.delete(_U32.pack(pid))
+
+    @property
+    def watchdog(self) -> StopWatchdog | None:
+        """The stop watchdog (with probes): its pid, and the targets it had to continue."""
+        return self._watchdog
 
     def remove_target(self, pid: int) -> None:
         self._bpf.maps["targets"].delete(_U32.pack(pid))
@@ -410,8 +431,12 @@ class CpuSampler:
 
     def counters(self) -> dict[str, int]:
         table = self._bpf.maps["counters"]
-        return {c.name.lower(): sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(c.value)))
-                for c in Counter}
+        out = {c.name.lower(): sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(c.value)))
+               for c in Counter}
+        if self._watchdog is not None:
+            self._watchdog.poll()
+            out["stops_resumed_by_watchdog"] = self._watchdog.resumed
+        return out
 
     def layouts(self) -> dict[str, tuple[list[tuple[str, int, int]], int]]:
         """The record structs as the compiler laid them out: (fields as (name, offset, size), size), by name."""
@@ -442,7 +467,10 @@ class CpuSampler:
             self._obj.detach(":".join(OPENAT))
 
     def close(self) -> None:
-        self.detach_probes()
+        self.stop_stopping()
+        if self._watchdog is not None:
+            self._watchdog.close()  # it continues any target still recorded as stopped
+            self._watchdog = None
         if self._unwind is not None:
             self._unwind.close()
             self._unwind = None
