@@ -89,10 +89,18 @@ class OutputDir:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = _label(path)
+        self.fd = -1
         try:
-            self.fd: int = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
             raise FileRefused(f"{self.path}: {e.strerror or e}") from None
+
+    @classmethod
+    def adopt(cls, fd: int, path: str | os.PathLike[str]) -> OutputDir:
+        """An OutputDir over the directory fd `fd` (now the OutputDir's to close), e.g. from trusted_dir."""
+        d = cls.__new__(cls)
+        d.path, d.fd = _label(path), fd
+        return d
 
     @classmethod
     def of_file(cls, path: str | os.PathLike[str]) -> OutputDir:
@@ -154,7 +162,8 @@ class OutputDir:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        if getattr(self, "fd", -1) >= 0:
+            self.close()
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o666) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from aiflame.core.safe_files import FileRefused, read_regular, trusted_dir
 from aiflame.symbolize.cache import default_cache_dir
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
@@ -1003,13 +1004,16 @@ class _FastState:
 _fast_state = _FastState()
 
 
-def _private_dir(path: str) -> None:
-    """Create `path` (0700) if needed; CfiError unless it is a directory only we can write to, since we load
-    code from it."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise CfiError(f"{path}: not a private directory (owner {st.st_uid}, mode {st.st_mode & 0o777:o})")
+def _private_dir(path: str, create: bool = True) -> None:
+    """Create `path` (0700) if needed; CfiError unless only we (and root) can change it or any directory above
+    it (core/safe_files.py trusted_dir): we load code from it, and a user who owns a directory on the way (a
+    home directory kept by sudo) could otherwise swap in one of theirs. Paths under it are then stable."""
+    try:
+        os.close(trusted_dir(os.path.abspath(path), create=create, mode=0o700))
+    except FileRefused as e:
+        raise CfiError(f"{path}: not a private directory ({e})") from None
+    except OSError as e:
+        raise CfiError(f"{path}: not a private directory ({e.strerror or e})") from None
 
 
 def _compiled_path(cache_dir: str | None = None) -> str:
@@ -1179,26 +1183,15 @@ def _check_rows_py(rows: bytes, nrows: int, nrules: int) -> int:
 
 
 def _read_cached(path: str, key: str) -> UnwindTable | None:
+    limit = _HEAD.size + 4096 + MAX_RULES * RULE.size + MAX_ROWS * ROW.size
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        _private_dir(os.path.dirname(path), create=False)
+        data = read_regular(path, limit, follow=False)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        log.debug("CFI cache %s unreadable: %s", path, e)
+    except (OSError, CfiError, FileRefused) as e:
+        log.debug("CFI cache %s ignored: %s", path, e)
         return None
-    try:
-        st = os.fstat(fd)
-        limit = _HEAD.size + 4096 + MAX_RULES * RULE.size + MAX_ROWS * ROW.size
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            log.debug("CFI cache %s ignored: not a plausible file", path)
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read()
-    except OSError as e:
-        log.debug("CFI cache %s unreadable: %s", path, e)
-        return None
-    finally:
-        os.close(fd)
     try:
         return decode_table(data, key)
     except (ValueError, TypeError, struct.error) as e:
