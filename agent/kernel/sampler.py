@@ -66,6 +66,7 @@ class SamplerConfig:
     # Walk user stacks with .eh_frame tables (bpf/unwind.h) in processes whose mappings the agent described;
     # False: frame pointers only (the kernel's walk), as before CFI unwinding.
     cfi: bool = True
+    max_depth: int = 127  # user frames a CFI walk records at most (the record holds 127)
 
     @property
     def thinning(self) -> int:
@@ -89,6 +90,7 @@ class SamplerConfig:
             f"-DAIFLAME_RINGBUF_PAGES={self.ringbuf_pages}",
             f"-DAIFLAME_MAX_TARGETS={self.max_targets}",
             f"-DAIFLAME_KEEP_ONE_IN={self.thinning}",
+            f"-DAIFLAME_UW_MAX_DEPTH={max(1, min(self.max_depth, 127))}",
         ]
         if self.follow_children:
             flags.append("-DAIFLAME_FOLLOW")
