@@ -1,6 +1,7 @@
 """Merge accelerator stall records saved elsewhere into a capture, so a GPU host's samples are joined offline with
-the launch stacks the capture holds (`aiflame import`). The parsers are symbolize/vendor/xe_eu_stall.py and
-symbolize/vendor/rocprof_pc.py; another aiflame capture contributes its stall samples and GPU code."""
+the launch stacks the capture holds (`aiflame import`). The parsers are symbolize/vendor/xe_eu_stall.py,
+symbolize/vendor/rocprof_pc.py and symbolize/vendor/cupti_stream.py (the stream aiflame's CUPTI injection library
+writes, folded as `aiflame profile` folds it); another aiflame capture contributes its stall samples and GPU code."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMATS", "LAYOUTS", "ImportRecordsError", "ImportResult", "import_records"]
 
-FORMATS = ("xe", "rocprof", "capture")
+FORMATS = ("xe", "rocprof", "cupti", "capture")
 
 
 class ImportRecordsError(BadInput):
@@ -85,6 +86,18 @@ def import_records(
             parsed_r = parse_rocprof_file(path, code_objects=cos, pid=pid, device=device)
             stalls.extend(parsed_r.samples)
             add(parsed_r.counters())
+    elif fmt == "cupti":
+        from aiflame.agent.accel.cupti import stalls_from_stream
+        from aiflame.symbolize.vendor.cupti_stream import parse_stream
+
+        for path in records:
+            stream = parse_stream(_read(path), name=str(path))
+            samples, cubins, counts = stalls_from_stream(stream)
+            stalls.extend(s if not pid else _with_pid(s, pid) for s in samples)
+            code.extend(cubins)
+            add(dict(counts))
+            if stream.problems or not stream.complete:  # cut short or records skipped: say so in the footer
+                add({"cupti_stream_problems": len(stream.problems) + (not stream.complete)})
     else:
         for path in records:
             other = read_capture(path)

@@ -1,4 +1,4 @@
-"""Benchmark building CFI unwind tables (symbolize/objfmt/cfi.py): cold, warm from the disk cache, peak RSS.
+"""Benchmark building CFI unwind tables (symbolize/objfmt/cfi/): cold, warm from the disk cache, peak RSS.
 
     python bench/bench_cfi.py [BINARY ...] [--python] [--no-save]
 
@@ -46,6 +46,7 @@ def default_binaries() -> list[str]:
 def child(mode: str, binary: str, cache: str) -> None:
     """One measured run in this (fresh) process; prints a JSON line."""
     from aiflame.symbolize.objfmt import cfi
+    from aiflame.symbolize.objfmt.cfi import fast
 
     def cpu() -> float:
         ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -53,7 +54,7 @@ def child(mode: str, binary: str, cache: str) -> None:
 
     t, c = time.perf_counter(), cpu()
     if mode == "compile":
-        ok = cfi._fast_lib() is not None
+        ok = fast._fast_lib() is not None
         print(json.dumps({"s": round(time.perf_counter() - t, 3), "ok": ok}))
         return
     if mode == "python":
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="aiflame-bench-cfi-") as tmp:
         engine_cache = os.path.join(tmp, "engine")
         compiled = run_child("compile", "", engine_cache)
-        print(f"engine_compile_s {compiled['s']}  (cc of symbolize/objfmt/cfi_fast.c, once per source version)")
+        print(f"engine_compile_s {compiled['s']}  (cc of symbolize/objfmt/cfi/cfi_fast.c, once per source version)")
         for i, binary in enumerate(binaries):
             cache = os.path.join(tmp, f"b{i}")
             # The compiled engine is found under the cache dir: share the one compiled above.

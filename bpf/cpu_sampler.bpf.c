@@ -7,6 +7,7 @@
  *   AIFLAME_MAX_TARGETS    capacity of the target map
  *   AIFLAME_FOLLOW         follow forks of targets (profile -- CMD)
  *   AIFLAME_ALL            sample every process (no target filter)
+ *   AIFLAME_UW_MAX_DEPTH   user frames a CFI walk records at most (1-127)
  *   AIFLAME_KEEP_ONE_IN    the perf event fires this many times per kept sample; one firing of each block of
  *                          N, at a random position, is kept, so sampling does not run in lockstep with periodic work
  *
@@ -203,6 +204,10 @@ BPF_PROG_ARRAY(uw_progs, 2);
 #ifndef AIFLAME_UW_FRAMES
 #define AIFLAME_UW_FRAMES 6
 #endif
+#if !defined(AIFLAME_UW_MAX_DEPTH) || AIFLAME_UW_MAX_DEPTH > AIFLAME_MAX_STACK
+#undef AIFLAME_UW_MAX_DEPTH
+#define AIFLAME_UW_MAX_DEPTH AIFLAME_MAX_STACK  /* user frames a CFI walk records at most (--max-depth) */
+#endif
 
 /* Walk up to AIFLAME_UW_FRAMES frames of the user stack from st into data[st->n...]: CFI rows where the mapping
  * has a table, frame pointers where it has none or the rule cannot be followed. Returns 1 when the walk is
@@ -212,7 +217,7 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
     u32 n = st->n;
     int done = 0;
     for (int j = 0; j < AIFLAME_UW_FRAMES; j++) {
-        if (n >= AIFLAME_MAX_STACK) {
+        if (n >= AIFLAME_UW_MAX_DEPTH) {
             st->why |= UW_STOP_DEPTH;
             done = 1;
             break;

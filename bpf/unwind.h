@@ -1,6 +1,6 @@
 /* Native unwinding from .eh_frame CFI tables, in BPF, for binaries without frame pointers.
  *
- * The agent compiles each mapped ELF's CFI into sorted rows (symbolize/objfmt/cfi.py) and loads them
+ * The agent compiles each mapped ELF's CFI into sorted rows (symbolize/objfmt/cfi/) and loads them
  * (agent/kernel/unwind.py) into one pool shared by every process that maps the file:
  *   unwind_rows[i]   u64: ELF virtual address (low 32 bits) | rule index << 32, sorted per file
  *   unwind_rules[r]  how to find the caller's CFA, return address and rbp (rule 0: not covered)
@@ -23,7 +23,7 @@
 #define AIFLAME_ROW_STEPS 23        /* binary-search steps: 2^23 rows per file at most */
 #define AIFLAME_MAP_STEPS 9         /* 2^9 > AIFLAME_UNWIND_MAPS */
 
-/* rule kinds (symbolize/objfmt/cfi.py mirrors them; a test keeps the two equal) */
+/* rule kinds (symbolize/objfmt/cfi/table.py mirrors them; a test keeps the two equal) */
 #define CFA_NONE 0       /* no CFI row covers the address */
 #define CFA_RSP 1        /* CFA = rsp + off */
 #define CFA_RBP 2        /* CFA = rbp + off */

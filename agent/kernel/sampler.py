@@ -1,9 +1,9 @@
 """The CPU sampler: compiles bpf/cpu_sampler.bpf.c once (in the compiler process), attaches it to perf events on
-every CPU, and drains its ring buffer on the caller's timer (records are submitted without wakeups)."""
+every CPU, and drains its ring buffer on the caller's timer (records are submitted without wakeups). The records
+are decoded by agent/kernel/decode.py, whose types are re-exported here."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import struct
 import threading
@@ -19,24 +19,19 @@ from aiflame.agent.kernel.bpf_sys import (
     PERF_TYPE_HARDWARE,
     PERF_TYPE_SOFTWARE,
 )
-from aiflame.agent.kernel.records import (
-    CallRec,
-    Counter,
-    OpenRec,
-    ProbeSpecRec,
-    ProcRec,
-    PyProcRec,
-    RecKind,
-    RetRec,
-    SampleRec,
-    TargetFlag,
-)
+from aiflame.agent.kernel.decode import CallRecord as CallRecord
+from aiflame.agent.kernel.decode import OpenRecord as OpenRecord
+from aiflame.agent.kernel.decode import ProbeRecord as ProbeRecord
+from aiflame.agent.kernel.decode import ProcEvent as ProcEvent
+from aiflame.agent.kernel.decode import RetRecord as RetRecord
+from aiflame.agent.kernel.decode import decode_record as decode_record
+from aiflame.agent.kernel.records import Counter, ProbeSpecRec, PyProcRec, TargetFlag
 from aiflame.agent.kernel.ringbuf import RingBuffer
 from aiflame.agent.kernel.stop_watchdog import StopWatchdog
 from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
 from aiflame.agent.kernel.uprobes import Uprobe, attach_uprobe
 from aiflame.core.errors import HostError
-from aiflame.core.raw import Mapping, RawPyFrame, RawSample
+from aiflame.core.raw import Mapping, RawSample
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
@@ -72,6 +67,7 @@ class SamplerConfig:
     # Walk user stacks with .eh_frame tables (bpf/unwind.h) in processes whose mappings the agent described;
     # False: frame pointers only (the kernel's walk), as before CFI unwinding.
     cfi: bool = True
+    max_depth: int = 127  # user frames a CFI walk records at most (the record holds 127)
     # With probes: the longest a target stays stopped by them. The stop watchdog (stop_watchdog.py) continues it
     # then, whatever the agent is doing, and at once when the agent dies.
     stop_deadline_ms: int = 800
@@ -98,61 +94,13 @@ class SamplerConfig:
             f"-DAIFLAME_RINGBUF_PAGES={self.ringbuf_pages}",
             f"-DAIFLAME_MAX_TARGETS={self.max_targets}",
             f"-DAIFLAME_KEEP_ONE_IN={self.thinning}",
+            f"-DAIFLAME_UW_MAX_DEPTH={max(1, min(self.max_depth, 127))}",
         ]
         if self.follow_children:
             flags.append("-DAIFLAME_FOLLOW")
         if self.all_processes:
             flags.append("-DAIFLAME_ALL")
         return flags
-
-
-@dataclass(frozen=True, slots=True)
-class ProcEvent:
-    kind: RecKind
-    time_ns: int
-    pid: int
-    child: int
-    comm: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """A probed call's entry as the BPF program saw it (raw registers; agent/runtimes names them)."""
-
-    probe: int
-    time_ns: int
-    pid: int
-    tid: int
-    args: tuple[int, ...]  # rdi rsi rdx rcx r8 r9, sp, return address
-    derefs: tuple[int | None, ...]  # None: the read failed
-    string: bytes | None  # None: not asked for, or the read failed
-    user: tuple[int, ...]  # leaf first
-    user_err: int
-    py: tuple[RawPyFrame, ...]
-    py_flags: int
-
-
-@dataclass(frozen=True, slots=True)
-class RetRecord:
-    probe: int
-    time_ns: int
-    pid: int
-    tid: int
-    ret: int
-    out: int | None  # the value the call wrote at its out-pointer argument
-
-
-@dataclass(frozen=True, slots=True)
-class OpenRecord:
-    """A target opened a shared library and is stopped (SIGSTOP) until the agent continues it."""
-
-    time_ns: int
-    pid: int
-    tid: int
-    path: bytes
-
-
-ProbeRecord = CallRecord | RetRecord | OpenRecord
 
 
 def program_text(config: SamplerConfig) -> str:
@@ -172,68 +120,6 @@ def bpf_source(config: SamplerConfig) -> str:
     for name in ("aiflame.h", "unwind.h"):
         text = text.replace(f'#include "{name}"', (BPF_DIR / name).read_text())
     return defines + text
-
-
-_HEAD = struct.Struct("<IIQIIii16sIIII")  # sample_rec up to data[]
-_P_HEAD = struct.Struct("<IIQII16s")
-_C_HEAD = struct.Struct("<IIQIIIi8Q4QIIIi128s")  # call_rec up to data[]
-_R_REC = struct.Struct("<IIQIIIIQQ")
-_O_HEAD = struct.Struct("<IIQII")
-assert _HEAD.size == SampleRec.data.offset and _P_HEAD.size == ctypes.sizeof(ProcRec)
-assert _C_HEAD.size == CallRec.data.offset and _R_REC.size == ctypes.sizeof(RetRec)
-assert _O_HEAD.size == OpenRec.path.offset
-
-
-def _py_frames(data: tuple[int, ...], base: int, count: int) -> tuple[RawPyFrame, ...]:
-    count = min(count, (len(data) - base) // 2)
-    return tuple(
-        RawPyFrame(data[base + 2 * i], data[base + 2 * i + 1] & 0xFFFFFFFF, (data[base + 2 * i + 1] >> 32) & 0xFF,
-                   (data[base + 2 * i + 1] >> 40) & 0xFF)
-        for i in range(count)
-    )
-
-
-def _decode_call(buf: bytes) -> CallRecord:
-    f = _C_HEAD.unpack_from(buf)
-    _, _cpu, t, pid, tid, probe, ulen = f[:7]
-    args, derefs = f[7:15], f[15:19]
-    deref_ok, py_count, py_flags, str_len, raw_str = f[19:24]
-    words = (len(buf) - _C_HEAD.size) // 8
-    data = struct.unpack_from(f"<{words}Q", buf, _C_HEAD.size) if words > 0 else ()
-    nu = min(max(ulen, 0) // 8, len(data))
-    string = raw_str[:max(str_len - 1, 0)] if str_len > 0 else None
-    return CallRecord(
-        probe, t, pid, tid, tuple(args), tuple(d if deref_ok >> i & 1 else None for i, d in enumerate(derefs)),
-        string, tuple(data[:nu]), min(ulen, 0), _py_frames(data, nu, py_count), py_flags,
-    )
-
-
-def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
-    """Turn one ring-buffer record into its Python form (None for an unknown kind)."""
-    kind = int.from_bytes(buf[:4], "little")
-    if kind == RecKind.SAMPLE:
-        _, cpu, t, pid, tid, ulen, klen, comm, py_count, py_flags, unwind, _pad = _HEAD.unpack_from(buf)
-        words = (len(buf) - _HEAD.size) // 8
-        data = struct.unpack_from(f"<{words}Q", buf, _HEAD.size) if words > 0 else ()
-        nu = min(max(ulen, 0) // 8, len(data))
-        nk = min(max(klen, 0) // 8, len(data) - nu)
-        py = _py_frames(data, nu + nk, py_count)
-        return RawSample(
-            t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), tuple(data[:nu]),
-            tuple(data[nu:nu + nk]), min(ulen, 0), min(klen, 0), 1, py, py_flags, unwind,
-        )
-    if kind in (RecKind.FORK, RecKind.EXEC, RecKind.EXIT):
-        _, _cpu, t, pid, child, comm = _P_HEAD.unpack_from(buf)
-        return ProcEvent(RecKind(kind), t, pid, child, comm.split(b"\0", 1)[0].decode(errors="replace"))
-    if kind == RecKind.CALL:
-        return _decode_call(buf)
-    if kind == RecKind.RET:
-        _, _cpu, t, pid, tid, probe, out_ok, ret, out = _R_REC.unpack_from(buf)
-        return RetRecord(probe, t, pid, tid, ret, out if out_ok else None)
-    if kind == RecKind.OPEN:
-        _, _cpu, t, pid, tid = _O_HEAD.unpack_from(buf)
-        return OpenRecord(t, pid, tid, buf[_O_HEAD.size:].split(b"\0", 1)[0])
-    return None
 
 
 DETACH_THREADS = 32

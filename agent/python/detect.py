@@ -5,6 +5,8 @@ builds and embedders, else the executable for static builds), reads the version 
 or the file name (3.10), prefers `_Py_DebugOffsets` on 3.13+, and then walks the live interpreter once:
 runtime -> interpreter -> thread states, matching a thread state to a thread of the process, and the current
 frame's code object to the `code` type. A layout that fails this check is never handed to the BPF walker.
+
+Over 400 lines on purpose: detection, attach and the live check (and its reference walker) are one sequence.
 """
 
 from __future__ import annotations

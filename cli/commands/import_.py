@@ -13,12 +13,14 @@ from rich.markup import escape
 from aiflame.agent.stall_import import FORMATS, LAYOUTS
 
 NAME = "import"
-HELP = "merge accelerator stall records (Xe EU stall, rocprofiler PC sampling, another capture) into a capture"
+HELP = ("merge accelerator stall records (Xe EU stall, rocprofiler PC sampling, a CUPTI stream, another capture) "
+        "into a capture")
 DESCRIPTION = ("Add stall samples recorded elsewhere to a capture; `aiflame export --view stalls` then attributes "
                "them to the capture's launch stacks.")
 EXAMPLES = """examples:
   aiflame import out/profile.aiflame gpu0.eustall --format xe --platform xe2 --pid 4242
   aiflame import out/profile.aiflame pc.bin --format rocprof --code-object 1=kernels.hsaco -o merged.aiflame
+  aiflame import out/profile.aiflame cupti-4242.stream --format cupti
   aiflame import out/profile.aiflame gpuhost/profile.aiflame --format capture
 """
 __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
@@ -40,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("records", type=Path, nargs="+", help="files of vendor records (or captures)")
     p.add_argument("-f", "--format", choices=FORMATS, required=True,
                    help="xe: raw EU stall records; rocprof: rocprofiler-sdk PC-sampling records; "
+                        "cupti: a stream of aiflame's CUPTI injection library (PC samples and cubins); "
                         "capture: the stall samples and GPU code of another aiflame capture")
     p.add_argument("-o", "--output", type=Path, help="write the merged capture here (default: replace CAPTURE)")
     p.add_argument("--platform", choices=sorted(LAYOUTS), help="Xe record layout (xe format)")

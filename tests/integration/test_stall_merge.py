@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import struct
 from collections import Counter
 from pathlib import Path
 
@@ -197,3 +198,44 @@ def test_cli_stall_view_diff_and_import(run: tuple[Path, KernelPrograms], tmp_pa
     assert proc.returncode == 2 and "--diff" in proc.stderr
     aiflame("import", str(path), str(path), "--format", "capture", "-o", str(tmp_path / "merged.aiflame"))
     assert len(read_capture(tmp_path / "merged.aiflame").stalls) == 2 * len(stalls)
+
+
+def test_import_cupti_stream_into_a_real_capture(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    """A CUPTI stream as the injection library writes it on a GPU host, imported offline: its samples land on
+    the real kernels' instructions under their launch stacks, and its cubin, already in the capture, is not
+    stored twice. A stream cut short is imported up to its last record and counted."""
+    from aiflame.symbolize.vendor.cupti_stream import RecordType
+    from tests.unit.test_cupti_stream import _header, _pcs, _rec, _str
+
+    capture = run[0]
+    cap = read_capture(capture)
+    pid = next(e.pid for e in cap.events if e.kind == "compute")
+    code = next(g for g in cap.gpu_code if g.kind == "cubin" and g.arch == 90)
+    table = struct.pack("<II", 1, len(REASONS)) + b"".join(struct.pack("<I", i) + _str(r)
+                                                          for i, r in enumerate(REASONS))
+    stream = (_header(pid) + _rec(RecordType.CONTEXT, struct.pack("<IIQ", 1, 0, 9))
+              + _rec(RecordType.REASONS, table)
+              + _rec(RecordType.CUBIN, struct.pack("<IIQQ", 1, 2, 7, len(code.data)) + code.data)
+              + _rec(RecordType.PCS, _pcs(1, [(7, 0x40, SCALE, [(0, 5), (2, 1)]), (7, 0x80, ADD, [(1, 3)])]))
+              + _rec(RecordType.END, b""))
+    (tmp_path / "p.cupti").write_bytes(stream)
+    aiflame("import", str(capture), str(tmp_path / "p.cupti"), "--format", "cupti", "-o", str(tmp_path / "c.aiflame"))
+    merged = read_capture(tmp_path / "c.aiflame")
+    assert sorted((s.kernel, s.offset, s.reason, s.count, s.pid, s.code) for s in merged.stalls) == [
+        (ADD, 0x80, REASONS[1], 3, pid, code.digest), (SCALE, 0x40, REASONS[0], 5, pid, code.digest),
+        (SCALE, 0x40, REASONS[2], 1, pid, code.digest)]
+    assert len(merged.gpu_code) == len(cap.gpu_code) and len(merged.samples) == len(cap.samples)
+    assert merged.footer is not None and merged.footer.counters["imported_stall_samples"] == 9
+    assert merged.footer.counters["cupti_samples"] == 9 and "cupti_stream_problems" not in merged.footer.counters
+    view = stall_view(merged, symbolize_capture(merged, options=StackOptions(group="none")), "stalls", sass=False)
+    assert view.total_weight == 9 and not view.counters.get("stall_unknown_launch")
+    per_kernel: Counter[str] = Counter()
+    for sample in view.samples:
+        names = [f.name for f in sample.stack]
+        sep = names.index("-")
+        assert "run_steps" in names[:sep] and re.fullmatch(r"kernels\.cu:\d+", names[sep + 2]), names
+        per_kernel[names[sep + 1]] += sample.weight
+    assert per_kernel == {"scale": 6, "add": 3}
+    (tmp_path / "cut.cupti").write_bytes(stream[:-8])  # no END record: the process was killed
+    res = import_records(capture, [tmp_path / "cut.cupti"], "cupti", output=tmp_path / "d.aiflame")
+    assert res.stall_samples == 9 and res.counters["cupti_stream_problems"] == 1

@@ -39,6 +39,10 @@ from aiflame.symbolize.objfmt.cfi import (
     Rule,
     UnwindTable,
 )
+from aiflame.symbolize.objfmt.cfi import build as cfi_build
+from aiflame.symbolize.objfmt.cfi import cache as cfi_cache
+from aiflame.symbolize.objfmt.cfi import fast as cfi_fast
+from aiflame.symbolize.objfmt.cfi import parse as cfi_parse
 from aiflame.symbolize.objfmt.elf import ElfFile
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
@@ -80,9 +84,9 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def engine_once(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Compile the C engine into a temporary cache for this module, whatever AIFLAME_CACHE says later."""
     d = str(tmp_path_factory.mktemp("engine"))
-    s = cfi._fast_state
+    s = cfi_fast._fast_state
     with s.lock:
-        s.lib, s.tried, s.error = cfi._load_fast(d), True, ""
+        s.lib, s.tried, s.error = cfi_fast._load_fast(d), True, ""
 
 
 # --- readelf as the oracle --------------------------------------------------------------------------------
@@ -192,7 +196,7 @@ def expr_kinds(exprs: set[str]) -> set[tuple[int, int]]:
 
 
 def expected_rules(cfa: str, rbp: str, ra: str, signal: bool, exprs: set[tuple[int, int]]) -> set[Rule]:
-    """The rules one readelf row allows, by the mapping documented in cfi.py."""
+    """The rules one readelf row allows, by the mapping documented in symbolize/objfmt/cfi/table.py."""
     if signal:
         return {Rule(CFA_SIGNAL, RBP_UNCHANGED, 0, 0)}
     if ra == "u":
@@ -760,13 +764,13 @@ class Builds:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.n = 0
-        real = cfi._build
+        real = cfi_build._build
 
-        def counted(inp: cfi._Input, engine: cfi.Engine) -> UnwindTable:
+        def counted(inp: cfi_parse._Input, engine: cfi.Engine) -> UnwindTable:
             self.n += 1
             return real(inp, engine)
 
-        monkeypatch.setattr(cfi, "_build", counted)
+        monkeypatch.setattr(cfi_cache, "_build", counted)
 
 
 def test_cache_round_trip(built: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -857,20 +861,20 @@ def test_decode_checks_structure_behind_a_valid_checksum(built: dict[str, str]) 
 
 def test_engine_is_compiled_atomically_into_a_private_dir(tmp_path: Path) -> None:
     d = str(tmp_path / "e")
-    cfi._load_fast(d)
-    so = cfi._compiled_path(d)
+    cfi_fast._load_fast(d)
+    so = cfi_fast._compiled_path(d)
     st_ = os.lstat(so)
     assert st_.st_mode & 0o022 == 0 and os.path.basename(so).startswith("cfi_fast-")
     assert not [p for p in os.listdir(os.path.dirname(so)) if p.startswith(".tmp")]
     os.chmod(os.path.dirname(so), 0o777)
     with pytest.raises(CfiError, match="not a private directory"):
-        cfi._load_fast(d)
+        cfi_fast._load_fast(d)
 
 
 def test_without_a_compiler_auto_falls_back_to_python(built: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    s = cfi._FastState()
+    s = cfi_fast._FastState()
     s.tried, s.error = True, "cc: not found"
-    monkeypatch.setattr(cfi, "_fast_state", s)
+    monkeypatch.setattr(cfi_fast, "_fast_state", s)
     assert cfi.build_table(built["O2"]) == cfi.build_table(built["O2"], "python")
     with pytest.raises(CfiError, match="C engine is unavailable"):
         cfi.build_table(built["O2"], "c")

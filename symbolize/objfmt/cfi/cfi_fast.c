@@ -1,6 +1,7 @@
-/* The C engine of symbolize/objfmt/cfi.py: the same parse, selection, interpretation and packing as its Python
- * reference (_build_py), step for step, so that both give identical rows, rules, stats and error messages.
- * Built by cfi.py on first use (cc -O2 -shared) and called through ctypes; see cfi.py for the layout.
+/* The C engine of symbolize/objfmt/cfi/: the same parse, selection, interpretation and packing as its Python
+ * reference (program.py, and _build_py of parse.py), step for step, so that both give identical rows, rules,
+ * stats and error messages.
+ * Built by fast.py on first use (cc -O2 -shared) and called through ctypes; see __init__.py for the layout.
  *
  * Errors longjmp out of the parse with one message; everything allocated is owned by `struct ctx` and
  * freed on both paths. Arithmetic that the Python side does on unbounded integers is done here in 128
@@ -28,7 +29,7 @@ enum { R_UNDEF, R_SAME, R_OFFSET, R_OTHER };
 enum { SEC_EH, SEC_DEBUG };
 static const char *const SECNAME[2] = {".eh_frame", ".debug_frame"};
 
-/* The interface; cfi.py declares the same structs with ctypes. */
+/* The interface; fast.py declares the same structs with ctypes. */
 struct cfi_input {
     const uint8_t *eh;
     uint64_t eh_len, eh_addr;
@@ -1020,13 +1021,13 @@ void cfi_free(struct cfi_result *out) {
     out->rows = out->rules = NULL;
 }
 
-/* sizeof the interface structs, so cfi.py can refuse a build whose layout differs from its ctypes view */
+/* sizeof the interface structs, so fast.py can refuse a build whose layout differs from its ctypes view */
 void cfi_sizes(uint64_t out[2]) {
     out[0] = sizeof(struct cfi_input);
     out[1] = sizeof(struct cfi_result);
 }
 
-/* The row checks of cfi.py's decode_table for a table read back from disk: 0 when the rows are as build()
+/* The row checks of cache.py's decode_table for a table read back from disk: 0 when the rows are as build()
  * makes them, else 1 not strictly increasing, 2 spare field set, 3 rule index out of range or first row not
  * covered or last row not a gap, 4 a rule repeated by the next row. */
 int cfi_check_rows(const uint8_t *rows, uint64_t nrows, uint64_t nrules) {

@@ -1,0 +1,339 @@
+"""The Python reference's reading of CFI bytes: LEB128 numbers and DW_EH_PE pointers, and the CFA program (the
+DW_CFA_* instructions of CIEs and FDEs) interpreted into table rules. cfi_fast.c does the same step for step."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from aiflame.symbolize.objfmt.cfi.table import (
+    _END,
+    _INVALID,
+    _S32_MAX,
+    _S32_MIN,
+    _SIGNAL,
+    _U64,
+    CFA_DEREF_RBP,
+    CFA_INVALID,
+    CFA_PLT,
+    CFA_PLT10,
+    CFA_RBP,
+    CFA_RSP,
+    MAX_STATE_DEPTH,
+    RBP_INVALID,
+    RBP_OFFSET,
+    RBP_UNCHANGED,
+    Rule,
+)
+
+# --- reading primitives -----------------------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """Raised deep in the parser; turned into CfiError with the file name at the top."""
+
+
+def _uleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise _Bad(f"truncated LEB128 at 0x{pos:x}")
+        if shift >= 70:
+            raise _Bad(f"LEB128 longer than 10 bytes at 0x{pos:x}")
+        b = d[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return result & _U64, pos
+
+
+def _sleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise _Bad(f"truncated LEB128 at 0x{pos:x}")
+        if shift >= 70:
+            raise _Bad(f"LEB128 longer than 10 bytes at 0x{pos:x}")
+        b = d[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            if shift < 64 and b & 0x40:
+                result |= _U64 << shift
+            result &= _U64
+            return result - (1 << 64) if result >> 63 else result, pos
+
+
+def _fixed(d: bytes, pos: int, end: int, n: int, signed: bool) -> tuple[int, int]:
+    if pos + n > end:
+        raise _Bad(f"truncated value at 0x{pos:x}")
+    return int.from_bytes(d[pos : pos + n], "little", signed=signed), pos + n
+
+
+# DW_EH_PE value formats: (size, signed); size 0 means LEB128.
+_PE_FORMATS = {0x00: (8, False), 0x01: (0, False), 0x02: (2, False), 0x03: (4, False), 0x04: (8, False),
+               0x09: (0, True), 0x0A: (2, True), 0x0B: (4, True), 0x0C: (8, True)}
+_PE_OMIT, _PE_PCREL, _PE_DATAREL, _PE_INDIRECT = 0xFF, 0x10, 0x30, 0x80
+
+
+def _encoded(d: bytes, pos: int, end: int, enc: int, pc_base: int, data_base: int | None,
+             allow_indirect: bool) -> tuple[int, int]:
+    """A DW_EH_PE-encoded pointer at `pos`. `pc_base` is the address of d[0]; datarel needs `data_base`."""
+    fmt = _PE_FORMATS.get(enc & 0x0F)
+    app = enc & 0x70
+    if fmt is None:
+        raise _Bad(f"unsupported pointer encoding 0x{enc:02x}")
+    if enc & _PE_INDIRECT and not allow_indirect:
+        raise _Bad(f"indirect pointer encoding 0x{enc:02x} where an address is needed")
+    start = pos
+    size, signed = fmt
+    if size:
+        v, pos = _fixed(d, pos, end, size, signed)
+    else:
+        v, pos = (_sleb if signed else _uleb)(d, pos, end)
+    if app == _PE_PCREL:
+        v += pc_base + start
+    elif app == _PE_DATAREL and data_base is not None:
+        v += data_base
+    elif app:
+        raise _Bad(f"unsupported pointer encoding 0x{enc:02x}")
+    return v & _U64, pos
+
+
+
+# --- the state a CFA program tracks ------------------------------------------------------------------
+
+
+class _Cie(NamedTuple):
+    caf: int
+    daf: int
+    fde_enc: int
+    has_z: bool
+    signal: bool
+    state: _State  # after the initial instructions
+
+
+class _State(NamedTuple):
+    """The tracked part of a CFI row. Register rule kinds: 0 undefined/unset, 1 same value, 2 saved at
+    CFA+off, 3 anything else. Offsets are exact; cfa_reg -1 means no CFA rule yet."""
+
+    cfa_reg: int
+    cfa_off: int
+    cfa_expr: bytes | None
+    rbp_kind: int
+    rbp_off: int
+    ra_kind: int
+    ra_off: int
+
+
+_R_UNDEF, _R_SAME, _R_OFFSET, _R_OTHER = range(4)
+_NO_STATE = _State(-1, 0, None, _R_UNDEF, 0, _R_UNDEF, 0)
+_REG_RBP, _REG_RSP, _REG_RA = 6, 7, 16
+
+
+
+# --- the CFA program --------------------------------------------------------------------------------------
+
+_PLT_EXPR = {
+    # DW_OP_breg7 8; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_lit11|lit10; DW_OP_ge; DW_OP_lit3;
+    # DW_OP_shl; DW_OP_plus: CFA = rsp + 8 + ((rip & 15) >= 11|10) * 8, the linker's lazy PLT entry.
+    bytes.fromhex("7708800" "03f1a3b2a332422"): Rule(CFA_PLT, RBP_UNCHANGED, 8, 0),
+    bytes.fromhex("7708800" "03f1a3a2a332422"): Rule(CFA_PLT10, RBP_UNCHANGED, 8, 0),
+}
+_OP_BREG6, _OP_DEREF = 0x76, 0x06
+
+
+def _classify_expr(e: bytes) -> tuple[int, int]:
+    """(cfa_type, cfa_off) of a DW_CFA_def_cfa_expression."""
+    plt = _PLT_EXPR.get(e)
+    if plt is not None:
+        return plt.cfa_type, plt.cfa_off
+    if len(e) >= 3 and e[0] == _OP_BREG6 and e[-1] == _OP_DEREF:
+        # DW_OP_breg6 N; DW_OP_deref: a stack-realigning prologue saved the CFA at rbp+N.
+        try:
+            off, pos = _sleb(e, 1, len(e) - 1)
+        except _Bad:
+            return CFA_INVALID, 0
+        if pos == len(e) - 1:
+            return CFA_DEREF_RBP, off
+    return CFA_INVALID, 0
+
+
+def _rule(s: _State, signal: bool) -> Rule:
+    """The table rule of a CFI row (the mapping documented on the CFA_* and RBP_* kinds)."""
+    if signal:
+        return _SIGNAL
+    if s.ra_kind == _R_UNDEF:
+        return _END
+    if s.ra_kind != _R_OFFSET or s.ra_off != -8:
+        return _INVALID
+    if s.cfa_expr is not None:
+        cfa_type, cfa_off = _classify_expr(s.cfa_expr)
+    elif s.cfa_reg == _REG_RSP:
+        cfa_type, cfa_off = CFA_RSP, s.cfa_off
+    elif s.cfa_reg == _REG_RBP:
+        cfa_type, cfa_off = CFA_RBP, s.cfa_off
+    else:
+        return _INVALID
+    if cfa_type == CFA_INVALID or not _S32_MIN <= cfa_off <= _S32_MAX:
+        return _INVALID
+    if s.rbp_kind == _R_UNDEF or s.rbp_kind == _R_SAME:
+        return Rule(cfa_type, RBP_UNCHANGED, cfa_off, 0)
+    if s.rbp_kind == _R_OFFSET and _S32_MIN <= s.rbp_off <= _S32_MAX:
+        return Rule(cfa_type, RBP_OFFSET, cfa_off, s.rbp_off)
+    return Rule(cfa_type, RBP_INVALID, cfa_off, 0)
+
+
+def _run(d: bytes, pos: int, end: int, cie: _Cie, rows: list[tuple[int, Rule]] | None, start: int = 0,
+         stop: int = 0, signal: bool = False) -> tuple[_State, int]:
+    """Interpret the instructions d[pos:end]: a CIE's when `rows` is None, else an FDE's, appending
+    (location, rule) whenever the location advances and the rule changed. Locations run from `start` to
+    `stop` (exclusive); advancing past `stop` is an error. Returns the final state and the number of
+    locations visited below `stop` (the rows before dropping repeats)."""
+    fde = rows is not None
+    base = cie.state if fde else _NO_STATE
+    cfa_reg, cfa_off, cfa_expr = base.cfa_reg, base.cfa_off, base.cfa_expr
+    rbp_k, rbp_off, ra_k, ra_off = base.rbp_kind, base.rbp_off, base.ra_kind, base.ra_off
+    init = cie.state
+    caf, daf = cie.caf, cie.daf
+    stack: list[_State] = []
+    loc = start
+    last: Rule | None = None
+    visited = 0
+
+    def advance(new: int) -> None:
+        nonlocal loc, last, visited
+        if not fde:
+            raise _Bad("advance in CIE initial instructions")
+        if new > stop or new < loc:
+            raise _Bad(f"advance leaves the FDE range 0x{start:x}..0x{stop:x}")
+        if new == loc:
+            return
+        assert rows is not None
+        r = _rule(_State(cfa_reg, cfa_off, cfa_expr, rbp_k, rbp_off, ra_k, ra_off), signal)
+        if r != last:
+            rows.append((loc, r))
+            last = r
+        visited += 1
+        loc = new
+
+    def set_reg(reg: int, kind: int, off: int) -> None:
+        nonlocal rbp_k, rbp_off, ra_k, ra_off
+        if reg == _REG_RBP:
+            rbp_k, rbp_off = kind, off
+        elif reg == _REG_RA:
+            ra_k, ra_off = kind, off
+
+    while pos < end:
+        op = d[pos]
+        pos += 1
+        hi = op & 0xC0
+        if hi == 0x40:  # advance_loc
+            advance(loc + (op & 0x3F) * caf)
+        elif hi == 0x80:  # offset
+            v, pos = _uleb(d, pos, end)
+            set_reg(op & 0x3F, _R_OFFSET, v * daf)
+        elif hi == 0xC0:  # restore
+            reg = op & 0x3F
+            if reg == _REG_RBP:
+                rbp_k, rbp_off = init.rbp_kind, init.rbp_off
+            elif reg == _REG_RA:
+                ra_k, ra_off = init.ra_kind, init.ra_off
+        elif op == 0x0E:  # def_cfa_offset
+            cfa_off, pos = _uleb(d, pos, end)
+        elif op == 0x00:  # nop
+            pass
+        elif op == 0x0A:  # remember_state
+            if len(stack) >= MAX_STATE_DEPTH:
+                raise _Bad(f"remember_state nested deeper than {MAX_STATE_DEPTH}")
+            stack.append(_State(cfa_reg, cfa_off, cfa_expr, rbp_k, rbp_off, ra_k, ra_off))
+        elif op == 0x0B:  # restore_state
+            if not stack:
+                raise _Bad("restore_state without remember_state")
+            cfa_reg, cfa_off, cfa_expr, rbp_k, rbp_off, ra_k, ra_off = stack.pop()
+        elif op == 0x02:  # advance_loc1
+            v, pos = _fixed(d, pos, end, 1, False)
+            advance(loc + v * caf)
+        elif op == 0x03:  # advance_loc2
+            v, pos = _fixed(d, pos, end, 2, False)
+            advance(loc + v * caf)
+        elif op == 0x04:  # advance_loc4
+            v, pos = _fixed(d, pos, end, 4, False)
+            advance(loc + v * caf)
+        elif op == 0x0C:  # def_cfa
+            cfa_reg, pos = _uleb(d, pos, end)
+            cfa_off, pos = _uleb(d, pos, end)
+            cfa_expr = None
+        elif op == 0x0D:  # def_cfa_register
+            cfa_reg, pos = _uleb(d, pos, end)
+            cfa_expr = None
+        elif op == 0x12:  # def_cfa_sf
+            cfa_reg, pos = _uleb(d, pos, end)
+            v, pos = _sleb(d, pos, end)
+            cfa_off, cfa_expr = v * daf, None
+        elif op == 0x13:  # def_cfa_offset_sf
+            v, pos = _sleb(d, pos, end)
+            cfa_off = v * daf
+        elif op == 0x0F:  # def_cfa_expression
+            n, pos = _uleb(d, pos, end)
+            if pos + n > end:
+                raise _Bad(f"expression runs past the end at 0x{pos:x}")
+            cfa_expr, pos = d[pos : pos + n], pos + n
+        elif op == 0x10 or op == 0x16:  # expression, val_expression
+            reg, pos = _uleb(d, pos, end)
+            n, pos = _uleb(d, pos, end)
+            if pos + n > end:
+                raise _Bad(f"expression runs past the end at 0x{pos:x}")
+            pos += n
+            set_reg(reg, _R_OTHER, 0)
+        elif op == 0x05 or op == 0x11 or op == 0x2F:  # offset_extended, _sf, GNU_negative_offset_extended
+            reg, pos = _uleb(d, pos, end)
+            if op == 0x11:
+                v, pos = _sleb(d, pos, end)
+            else:
+                v, pos = _uleb(d, pos, end)
+                if op == 0x2F:
+                    v = -v
+            set_reg(reg, _R_OFFSET, v * daf)
+        elif op == 0x14 or op == 0x15:  # val_offset, val_offset_sf
+            reg, pos = _uleb(d, pos, end)
+            _, pos = (_uleb if op == 0x14 else _sleb)(d, pos, end)
+            set_reg(reg, _R_OTHER, 0)
+        elif op == 0x06:  # restore_extended
+            reg, pos = _uleb(d, pos, end)
+            if reg == _REG_RBP:
+                rbp_k, rbp_off = init.rbp_kind, init.rbp_off
+            elif reg == _REG_RA:
+                ra_k, ra_off = init.ra_kind, init.ra_off
+        elif op == 0x07:  # undefined
+            reg, pos = _uleb(d, pos, end)
+            set_reg(reg, _R_UNDEF, 0)
+        elif op == 0x08:  # same_value
+            reg, pos = _uleb(d, pos, end)
+            set_reg(reg, _R_SAME, 0)
+        elif op == 0x09:  # register
+            reg, pos = _uleb(d, pos, end)
+            _, pos = _uleb(d, pos, end)
+            set_reg(reg, _R_OTHER, 0)
+        elif op == 0x2E:  # GNU_args_size: only for landing pads
+            _, pos = _uleb(d, pos, end)
+        elif op == 0x01:  # set_loc
+            v, pos = _encoded(d, pos, end, cie.fde_enc, 0, None, False)
+            if cie.fde_enc & 0x70 == _PE_PCREL:
+                raise _Bad("pc-relative DW_CFA_set_loc")
+            advance(v)
+        elif op == 0x1D:  # MIPS_advance_loc8
+            v, pos = _fixed(d, pos, end, 8, False)
+            advance(loc + v * caf)
+        elif op == 0x2D:  # GNU_window_save: SPARC/AArch64 only, no operands
+            pass
+        else:
+            raise _Bad(f"unknown CFA instruction 0x{op:02x} at 0x{pos - 1:x}")
+    if rows is not None and loc < stop:
+        r = _rule(_State(cfa_reg, cfa_off, cfa_expr, rbp_k, rbp_off, ra_k, ra_off), signal)
+        if r != last:
+            rows.append((loc, r))
+        visited += 1
+    return _State(cfa_reg, cfa_off, cfa_expr, rbp_k, rbp_off, ra_k, ra_off), visited
+
