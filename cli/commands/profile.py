@@ -84,10 +84,12 @@ def run(args: argparse.Namespace) -> int:
     from aiflame.agent.outputs import capture_views, write_views
     from aiflame.agent.session import Session, SessionConfig
     from aiflame.cli.summary import print_summary
+    from aiflame.core import limits
     from aiflame.core.capture import read_capture
     from aiflame.symbolize.native import NativeSymbolizer
     from aiflame.symbolize.stacks import symbolize_capture
 
+    limits.use(limits.AGENT_LIMITS)  # we read what the targets point us at, as root
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]

@@ -41,12 +41,14 @@ def inflate_zlib(data: bytes | memoryview, size: int, cap: int, what: str) -> by
     d = zlib.decompressobj()
     got = 0
     try:
-        chunk = d.decompress(data, _CHUNK)
+        want = min(_CHUNK, size + 1)
+        chunk = d.decompress(data, want)
         while True:
             got += len(chunk)
-            if got > size or d.eof or not (d.unconsumed_tail or len(chunk) == _CHUNK):
+            if got > size or d.eof or not (d.unconsumed_tail or len(chunk) == want):
                 break
-            chunk = d.decompress(d.unconsumed_tail, _CHUNK)
+            want = min(_CHUNK, size + 1 - got)
+            chunk = d.decompress(d.unconsumed_tail, want)
     except zlib.error:
         raise InflateError(f"{what}: corrupt zlib stream") from None
     if got != size or not d.eof:
