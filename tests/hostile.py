@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+import tempfile
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -24,14 +26,11 @@ def as_nobody(*argv: str | Path) -> list[str]:
             *map(str, argv)]
 
 
-def nobody_dir(path: Path) -> Path:
-    """`path` created and owned by nobody (the attacker's own directory), under a directory anyone may enter."""
-    path.mkdir(parents=True, exist_ok=True)
-    for p in [path, *path.parents]:
-        if p == Path("/") or p.stat().st_mode & 0o005 == 0o005:
-            break
-        os.chmod(p, p.stat().st_mode | 0o005)
+def nobody_dir(prefix: str) -> Path:
+    """A fresh directory under /tmp owned by nobody: the attacker's own."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     os.chown(path, NOBODY, NOBODY)
+    os.chmod(path, 0o755)
     return path
 
 
@@ -108,20 +107,23 @@ ATTACKER = textwrap.dedent(r'''
             os.write(master, b"\x03\x1c")   # ^C and ^\ to whoever took this terminal
         say("done")
         time.sleep(float(args[2]))
-    elif mode == "fatbin":                  # a registration whose fatbin holds a 1 GiB zstd cubin, then a launch
+    elif mode == "fatbin":                  # registrations whose fatbin holds a 1 GiB zstd cubin, and launches
         blob = open(args[0], "rb").read()
         buf = ctypes.create_string_buffer(blob, len(blob))
         wrapper = (ctypes.c_uint64 * 3)(0x466243B1 | (1 << 32), ctypes.addressof(buf), 0)
         lib.__cudaRegisterFatBinary.restype = ctypes.c_void_p
-        handle = lib.__cudaRegisterFatBinary(ctypes.byref(wrapper))
         host = ctypes.create_string_buffer(16)
-        lib.__cudaRegisterFunction(ctypes.c_void_p(handle), host, b"bomb", b"bomb", -1, None, None, None, None,
-                                   None)
-        for _ in range(3):
-            lib.cudaLaunchKernel(host, ctypes.c_uint64(1), 1, ctypes.c_uint64(1), 1, None, ctypes.c_size_t(0), None)
         say("ready")
-        spin(float(args[1]))
-    elif mode == "module":                  # cuModuleLoadData of an image that claims ~500 MiB
+        end = time.time() + float(args[1])
+        while time.time() < end:
+            handle = lib.__cudaRegisterFatBinary(ctypes.byref(wrapper))
+            lib.__cudaRegisterFunction(ctypes.c_void_p(handle), host, b"bomb", b"bomb", -1, None, None, None,
+                                       None, None)
+            lib.cudaLaunchKernel(host, ctypes.c_uint64(1), 1, ctypes.c_uint64(1), 1, None, ctypes.c_size_t(0),
+                                 None)
+            say("registered")
+            spin(0.5)
+    elif mode == "module":                  # cuModuleLoadData of an image that claims ~500 MiB, again and again
         size = 600 << 20
         m = mmap.mmap(-1, size)
         hdr = bytearray(64)
@@ -132,10 +134,12 @@ ATTACKER = textwrap.dedent(r'''
         m[:64] = bytes(hdr)
         image = ctypes.addressof(ctypes.c_char.from_buffer(m))
         mod = ctypes.c_void_p()
-        for _ in range(int(args[0])):
-            lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_void_p(image))
         say("ready")
-        spin(float(args[1]))
+        end = time.time() + float(args[0])
+        while time.time() < end:
+            lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_void_p(image))
+            say("loaded")
+            spin(0.5)
     elif mode == "threads":                 # a flood of short-lived threads
         say("ready")
         n = int(args[0])
@@ -238,3 +242,19 @@ def rss_peak_mb(pid: int) -> float:
 def state(pid: int) -> str:
     """The process state letter (T: stopped)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def longest_stop(pid: int, seconds: float) -> float:
+    """Watch `pid` for `seconds`: the longest it stayed stopped (state T), in seconds. A single look is not enough:
+    a probe stops a target at each library open for a moment, by design (and another agent on the host may too)."""
+    longest, since = 0.0, None
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        now = time.monotonic()
+        if state(pid) == "T":
+            since = now if since is None else since
+            longest = max(longest, now - since)
+        else:
+            since = None
+        time.sleep(0.02)
+    return longest
