@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack
 from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, PyFlag, RawPyFrame, RawSample
 from aiflame.symbolize.events import trace_events
-from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.native import NativeSymbolizer, offset_name
 from aiflame.symbolize.python.code import line_for
 from aiflame.symbolize.python.merge import merge, python_runs
 from aiflame.symbolize.unwind_report import unwind_report
@@ -21,7 +21,9 @@ TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
 
 MISSING_USER = Frame("[missing user stack]", FrameKind.UNKNOWN)
 UNKNOWN_KERNEL = Frame("[unknown]", FrameKind.KERNEL, module="[kernel]")
-BROKEN_CHAIN = Frame("[unknown]", FrameKind.UNKNOWN)  # the rest of a user stack whose frame chain broke
+# The rest of a user stack whose frame chain broke (code without frame pointers): the native unwinder stopped.
+BROKEN_CHAIN = Frame("[unwind stopped]", FrameKind.UNKNOWN)
+ANON = "[anon]"  # an address in a mapping backed by no file (JIT code, trampolines)
 
 _DEDUPE = True  # build each distinct raw stack once; tests turn it off to compare with building every sample
 _UNSEEN = (Mapping(0, 0, 0, ""), -1)  # not located yet (None: located nowhere)
@@ -78,7 +80,9 @@ class _ProcessIndex:
 def symbolize_capture(
     cap: Capture, native: NativeSymbolizer | None = None, options: StackOptions | None = None
 ) -> Profile:
-    """Symbolize every sample of `cap`; nothing is dropped (unnamed frames read `[unknown]`)."""
+    """Symbolize every sample of `cap`; nothing is dropped. A native frame no symbol names reads
+    `module+0xOFFSET`, one in a mapping with no file `[anon]` (or the kernel's name for it, e.g. `[vdso]`), and
+    where the frame chain broke, what lies rootward of it is one `[unwind stopped]`."""
     opts = options or StackOptions()
     native = native or NativeSymbolizer()
     by_pid: dict[int, list[ProcessSnapshot]] = defaultdict(list)
@@ -229,14 +233,18 @@ def _user_frames(s: RawSample, chain: _Chain, names: dict[tuple[str, str], dict[
         return [MISSING_USER] if s.user_err or not s.kern else []
     # Leaf first: an address in no executable mapping cannot be a return address, so the frame-pointer chain
     # broke there (code built without frame pointers) and every frame rootward of it came from the broken
-    # chain. One `[unknown]` stands for them instead of up to a hundred garbage frames.
+    # chain. One `[unwind stopped]` stands for them instead of up to a hundred garbage frames.
     out: list[Frame] = [BROKEN_CHAIN] if chain.broken else []
     for m, off in reversed(chain.hits):
         if not m.path.startswith("/"):
-            out.append(Frame("[unknown]", FrameKind.UNKNOWN, module=m.path or "[anon]"))
+            label = m.path if m.path.startswith("[") else ANON  # [vdso], [anon:name] (a named region), ...
+            out.append(Frame(label, FrameKind.UNKNOWN, module=label))
             continue
         f = names.get((m.path, m.build_id), {}).get(off)
-        out.append(f or Frame("[unknown]", FrameKind.UNKNOWN, module=os.path.basename(m.path)))
+        if f is None:
+            module = os.path.basename(m.path)
+            f = Frame(offset_name(module, off), FrameKind.UNKNOWN, module=module)
+        out.append(f)
     return out
 
 

@@ -172,5 +172,6 @@ def test_chains_that_break_alike_share_a_stack(monkeypatch: pytest.MonkeyPatch) 
     garbage = [(LEAF, EVAL_RET, 0x9999999, x, START_RET) for x in (0x1234, START_RET, 0x8888888)]
     cap.samples = [RawSample(50, 10, 11, 0, "w", user, ()) for user in garbage]
     prof = _symbolize(cap, StackOptions(group="none", kernel=False), True, monkeypatch)
-    assert [f.name for f in prof.samples[0].stack] == ["[unknown]", EVAL, "app_leaf"]
+    assert [f.name for f in prof.samples[0].stack] == ["[unwind stopped]", EVAL, "app_leaf"]
     assert all(s.stack is prof.samples[0].stack for s in prof.samples)
+
