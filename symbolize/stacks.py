@@ -14,7 +14,7 @@ from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, PyFlag, 
 from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer, offset_name
 from aiflame.symbolize.python.code import line_for
-from aiflame.symbolize.python.merge import merge, python_runs
+from aiflame.symbolize.python.merge import fold_interpreter, merge, python_runs
 from aiflame.symbolize.unwind_report import unwind_report
 
 TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
@@ -37,6 +37,7 @@ class StackOptions:
     kernel: bool = True  # include kernel frames
     user: bool = True  # include user frames
     python: str = "merged"  # merged (Python frames replace the evaluator's), python (Python frames only), native
+    native_interp: bool = False  # merged: keep the interpreter's own native frames (else they fold away)
 
 
 class _ProcessIndex:
@@ -155,7 +156,8 @@ def symbolize_capture(
         if opts.user:
             user = _user_frames(s, chain, names)
             if s.py and s.py_flags & PyFlag.TSTATE and opts.python != "native":
-                frames.extend(pynames.merged(s, user, counters, python_only=opts.python == "python"))
+                frames.extend(pynames.merged(s, user, counters, python_only=opts.python == "python",
+                                             fold=not opts.native_interp))
             elif opts.python != "python":
                 frames.extend(user)
         if opts.kernel:
@@ -266,7 +268,9 @@ class _PythonNames:
         self._changes = {pid: sorted(times) for pid, times in changes.items() if times}
         self.version: dict[int, tuple[int, int]] = {}
         self.owner_cstack: dict[int, int] = {}
+        self.interpreter: dict[int, str] = {}  # the module (Frame.module) of the ELF file running the interpreter
         for r in cap.py_runtimes:
+            self.interpreter[r.pid] = os.path.basename(r.binary.removesuffix(" (deleted)"))
             parts = r.version.split(".")
             v = (int(parts[0]), int(parts[1]))
             self.version[r.pid] = v
@@ -297,7 +301,8 @@ class _PythonNames:
             self._frames[key] = hit
         return hit
 
-    def merged(self, s: RawSample, native: list[Frame], counters: dict[str, int], python_only: bool) -> list[Frame]:
+    def merged(self, s: RawSample, native: list[Frame], counters: dict[str, int], python_only: bool,
+               fold: bool = True) -> list[Frame]:
         version = self.version.get(s.pid)
         if version is None:
             return native
@@ -313,4 +318,5 @@ class _PythonNames:
             counters["python_spliced"] = counters.get("python_spliced", 0) + 1
         if result.mismatched:
             counters["python_mismatched"] = counters.get("python_mismatched", 0) + 1
-        return trunc + list(result.stack)
+        stack = fold_interpreter(result.stack, self.interpreter.get(s.pid, "")) if fold else result.stack
+        return trunc + list(stack)
