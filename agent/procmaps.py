@@ -75,6 +75,21 @@ def stat_fields(pid: int) -> list[str] | None:
 
 def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int = 0) -> ProcessSnapshot | None:
     """Snapshot the executable mappings of `pid`; None if the process is already gone."""
+    # Who the process is first, then its maps: a snapshot taken while it execs then holds the new image's maps
+    # whenever it holds the new command line (maps read first could be the old image's, or none mid-exec).
+    cmdline: list[str] = []
+    comm, ppid, exe = "", 0, ""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            cmdline = [_valid_utf8(a) for a in proc.cmdline()]
+            # The kernel's comm, as samples carry it: psutil's name() stretches a 15-character one from argv[0].
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            ppid = proc.ppid()
+            exe = _valid_utf8(proc.exe())
+    except (psutil.Error, OSError):
+        pass  # the maps are what matter; the rest is best effort
     maps = read_maps(pid)
     if maps is None:
         return None
@@ -86,19 +101,7 @@ def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int 
         if path.startswith("/") and inode:
             bid = build_ids.get(pid, dev, inode, path.removesuffix(" (deleted)"), lo, hi)
         mappings.append(Mapping(lo, hi, off, path, bid, perms))
-    snap = ProcessSnapshot(pid, time_ns, mappings, exec_seq=exec_seq)
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            snap.cmdline = [_valid_utf8(a) for a in proc.cmdline()]
-            # The kernel's comm, as samples carry it: psutil's name() stretches a 15-character one from argv[0].
-            with open(f"/proc/{pid}/comm") as f:
-                snap.comm = f.read().strip()
-            snap.ppid = proc.ppid()
-            snap.exe = _valid_utf8(proc.exe())
-    except (psutil.Error, OSError):
-        pass  # the maps are what matter; the rest is best effort
-    return snap
+    return ProcessSnapshot(pid, time_ns, mappings, ppid, comm, cmdline, exe, exec_seq)
 
 
 def _valid_utf8(s: str) -> str:

@@ -408,13 +408,13 @@ class Session:
         self._snaps[pid] = snap
         self._known[pid] = set()
         writer.add_process(snap)
-        if self._sampler:
-            self._sampler.set_mappings(pid, snap.mappings)
         if pid not in self._env_ranked and (env := rank_event(pid, _mono_ns())) is not None:
             self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
             writer.add_events([env])
         self.stats.pids = len(self._snaps)
         self._attach_python(pid, writer)  # first: every sample until then lacks its Python frames
+        if self._sampler:  # then the CFI tables (a file seen first is built: up to ~0.5 s for libtorch)
+            self._sampler.set_mappings(pid, snap.mappings)
         if self.probes:
             self.probes.consider_process(pid, [m.path for m in snap.mappings])
 

@@ -99,15 +99,15 @@ def merge(
 
 def fold_interpreter(stack: Sequence[Frame], interpreter: str) -> tuple[Frame, ...]:
     """`stack` (root -> leaf) without the native frames of module `interpreter` (the ELF file holding the
-    interpreter, as Frame.module names it): rootward of the first Python frame all of them and the NATIVE_ROOTS
-    entry points, below it all but the builtins KEPT_INTERPRETER_PREFIXES names. A stack with no Python frame
+    interpreter, as Frame.module names it) below the first Python frame, all but the builtins
+    KEPT_INTERPRETER_PREFIXES names; rootward of it the native path into Python stays whole (`main -> Py_RunMain ->
+    ... -> PyEval_EvalCode -> py::<module>`), as the native unwinder found it. A stack with no Python frame
     (start-up, shutdown, a thread running no Python) is left whole."""
     first = next((i for i, f in enumerate(stack) if f.kind == FrameKind.PYTHON), None)
     if first is None or not interpreter:
         return tuple(stack)
-    out = [f for f in stack[:first]
-           if f.kind not in _NATIVE_KINDS or (f.module != interpreter and f.name not in NATIVE_ROOTS)]
-    out.append(stack[first])
+    out = list(stack[:first + 1])  # the native path that entered Python (main, Py_RunMain, a thread start) stays
+
     for f in stack[first + 1:]:
         if f.module == interpreter and f.kind in _NATIVE_KINDS and not f.name.startswith(KEPT_INTERPRETER_PREFIXES):
             continue

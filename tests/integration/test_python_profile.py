@@ -174,8 +174,10 @@ def test_interpreter_embedded_in_a_c_program(tmp_path: Path) -> None:
     subprocess.run(["gcc", "-o", str(exe), str(src), *flags, *libs, f"-Wl,-rpath,{prefix}/lib"], check=True)
     aiflame("profile", "-q", "-F", "199", "-o", str(tmp_path / "o"), "--", str(exe))
     folded = (tmp_path / "o" / "profile.folded").read_text()
-    # The C program's own main stays above the Python frames; the interpreter's entry frames fold away.
-    assert "embed;main;py::<module> (<string>:" in folded and ";py::hot (<string>:" in folded, folded[:2000]
+    # The C program's own main stays above the Python frames, with the native path it took into Python.
+    assert ";main;PyRun_SimpleStringFlags;" in folded and ";PyEval_EvalCode;py::<module> (<string>:" in folded, \
+        folded[:2000]
+    assert ";py::hot (<string>:" in folded, folded[:2000]
 
 
 WORKERS = """\

@@ -72,7 +72,7 @@ def _interp(name: str, kind: FrameKind = FrameKind.NATIVE) -> Frame:
     return Frame(name, kind, module="python3.11")
 
 
-def test_fold_drops_the_interpreter_frames_around_python_frames() -> None:
+def test_fold_drops_the_interpreter_frames_below_python_frames() -> None:
     stack = [
         _interp("_start"), Frame("__libc_start_main", module="libc.so.6"), _interp("Py_BytesMain"),
         Frame("main", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall"),
@@ -82,7 +82,9 @@ def test_fold_drops_the_interpreter_frames_around_python_frames() -> None:
         _interp("PyGILState_Ensure"), _interp("take_gil"), Frame("futex_wait", FrameKind.KERNEL, "[kernel]"),
     ]
     folded = fold_interpreter(stack, "python3.11")
-    assert [f.name for f in folded] == ["main", "step", "at::add", "PyGILState_Ensure", "take_gil", "futex_wait"]
+    # rootward of the first Python frame, the native path into Python stays as the unwinder found it
+    assert [f.name for f in folded] == ["_start", "__libc_start_main", "Py_BytesMain", "main", "step", "at::add",
+                                        "PyGILState_Ensure", "take_gil", "futex_wait"]
 
 
 def test_fold_keeps_other_code_that_calls_into_python() -> None:
@@ -90,7 +92,8 @@ def test_fold_keeps_other_code_that_calls_into_python() -> None:
     stack = [Frame("clone3", module="libc.so.6"), Frame("start_thread", module="libc.so.6"),
              Frame("Engine::thread_main", FrameKind.NATIVE_CPP, lib), _interp("PyObject_Call"),
              _interp("thread_run"), Frame("hook", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall")]
-    assert [f.name for f in fold_interpreter(stack, "python3.11")] == ["Engine::thread_main", "hook"]
+    assert [f.name for f in fold_interpreter(stack, "python3.11")] == [
+        "clone3", "start_thread", "Engine::thread_main", "PyObject_Call", "thread_run", "hook"]
 
 
 def test_fold_keeps_builtins_users_recognize() -> None:

@@ -182,5 +182,5 @@ def test_interpreter_frames_fold_unless_asked_for(monkeypatch: pytest.MonkeyPatc
     cap.samples = [RawSample(50, 40, 41, 0, "w", TWO_EVAL, (), py=PY312, py_flags=PyFlag.TSTATE)]
     folded = _symbolize(cap, StackOptions(group="none", kernel=False), True, monkeypatch)
     shown = _symbolize(cap, StackOptions(group="none", kernel=False, native_interp=True), True, monkeypatch)
-    assert [f.name for f in folded.samples[0].stack] == ["h12", "f12", "app_leaf"]
+    assert [f.name for f in folded.samples[0].stack] == ["_start", "h12", "f12", "app_leaf"]
     assert [f.name for f in shown.samples[0].stack] == ["_start", "h12", "PyObject_Call", "f12", "app_leaf"]
