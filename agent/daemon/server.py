@@ -50,7 +50,9 @@ from aiflame.agent.daemon.windows import (
     stamp,
 )
 from aiflame.agent.kernel.sampler import SamplerConfig
-from aiflame.agent.session import SessionError, _alive, _cpu_s, check_root
+from aiflame.agent.preflight import SessionError, check_root
+from aiflame.agent.procs import alive as _alive
+from aiflame.agent.procs import own_cpu_s as _cpu_s
 from aiflame.core.errors import HostError
 
 log = logging.getLogger("aiflame.daemon")
@@ -619,8 +621,8 @@ class Daemon:
             "pid": os.getpid(), "config": self.cfg.source, "uptime_s": round(elapsed, 1),
             "output": str(self.out.root), "frequency_hz": cont.frequency, "window_s": cont.window_s,
             "runtimes": cont.runtimes, "targets": targets, "target_count": len(c.targets),
-            "windows_written": self.windows_written, "samples_total": self.samples_total + c.stats.samples
-            - c._window_samples0, "counters": dict(self.lost_total), "captures_written": self.captures_written,
+            "windows_written": self.windows_written, "samples_total": self.samples_total + c.window_samples,
+            "counters": dict(self.lost_total), "captures_written": self.captures_written,
             "capture_running": self._trigger is not None, "probed_libraries": c.probed_libraries,
             "exports_pending": self._exports.pending if self._exports else 0,
             "exports_skipped": self._exports.skipped if self._exports else 0,

@@ -1,7 +1,9 @@
-"""What the agent asks about processes (agent.procs), on real processes."""
+"""What the agent asks about processes (agent.procs), on real processes, and the process table's decisions on
+when to read a process's mappings again (agent.process_table), on this process."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -9,7 +11,9 @@ import threading
 import time
 
 import psutil
+import pytest
 
+from aiflame.agent.process_table import ProcessTable
 from aiflame.agent.procs import alive, descendants, is_thread, own_cpu_s, own_rss_bytes, status
 
 
@@ -83,3 +87,46 @@ def test_own_usage() -> None:
         pass
     assert own_cpu_s() - cpu0 >= 0.04  # microseconds, not 10 ms ticks
     assert own_rss_bytes() > 1 << 20
+
+
+def _code_address() -> int:
+    """An address inside an executable mapping of this process (libc's getpid)."""
+    return ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value or 0
+
+
+def test_table_reads_again_only_for_addresses_outside_and_not_too_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    pid = os.getpid()
+    table = ProcessTable()
+    assert table.stale([(pid, [1])], 0.5) == [pid]  # never read: at once
+    snap = table.read(pid, 1)
+    assert snap is not None and table.snaps[pid] is snap and table.unchanged(pid)
+    inside = _code_address()
+    assert snap.find(inside) is not None
+    assert table.stale([(pid, [inside])], 0.0) == []
+    assert table.stale([(pid, [8])], 10.0) == []  # outside, but read just now
+    assert table.stale([(pid, [8])], 0.0) == [pid]
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 11.0)
+    assert table.stale([(pid, [8])], 10.0) == [pid]
+    table.exec_seen(pid)
+    assert table.exec_seq(pid) == 1 and table.read(pid, 2) is not None and table.snaps[pid].exec_seq == 1
+    table.forget(pid)
+    assert pid not in table.snaps and table.exec_seq(pid) == 0 and not table.unchanged(pid)
+    assert table.read(4_000_000, 3) is None
+
+
+def test_table_keeps_a_zombies_last_mappings() -> None:
+    child = subprocess.Popen(["sleep", "60"])
+    table = ProcessTable()
+    try:
+        time.sleep(0.1)
+        first = table.read(child.pid, 1)
+        assert first is not None and first.mappings
+        child.kill()
+        for _ in range(100):
+            if status(child.pid) == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.01)
+        assert table.read(child.pid, 2) is None and table.snaps[child.pid] is first
+    finally:
+        child.wait()
