@@ -25,7 +25,7 @@ from typing import Any
 
 from aiflame.agent.daemon.collector import Collector
 from aiflame.agent.daemon.config import DaemonConfig, load_config
-from aiflame.agent.daemon.discovery import Discovery, Selector, read_info
+from aiflame.agent.daemon.discovery import Discovery, Selector, process_info
 from aiflame.agent.daemon.exports import ExportJob, ExportWorker
 from aiflame.agent.daemon.protocol import (
     LatestRequest,
@@ -569,7 +569,7 @@ class Daemon:
         else:
             pids = list(req.pids)
             for pid in pids:
-                if pid == os.getpid() or read_info(pid, False) is None:
+                if pid == os.getpid() or process_info(pid) is None:
                     return Response(False, f"no such process: {pid}")
         if self._trigger is not None or not self._requests.empty():
             return Response(False, "busy: another capture is running; try again when it is done")

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,9 +105,9 @@ def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.M
         reads = _count_reads(monkeypatch)
         d.scan(now=100.0 + d.recheck_s + 1)
         assert (idle.pid, True) not in reads  # looked at again, same size: maps not read
-        pages = discovery.vm_pages(idle.pid)
-        assert pages
-        monkeypatch.setattr(discovery, "vm_pages", lambda pid: pages + 1 if pid == idle.pid else None)
+        size = discovery.vm_size(psutil.Process(idle.pid))
+        assert size
+        monkeypatch.setattr(discovery, "vm_size", lambda proc: size + 1 if proc.pid == idle.pid else None)
         d.scan(now=100.0 + 2 * (d.recheck_s + 1))
         assert (idle.pid, True) in reads  # it grew: maybe a library was loaded
     finally:
@@ -114,17 +115,14 @@ def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.M
         idle.wait()
 
 
-
 def test_discovery_looks_again_sooner_at_young_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Found in CI: a Python job scanned between its exec and its import of the runtime was not looked at again for
     10 s, and a job shorter than that was never watched. A process is re-checked after half its age, at most
     `recheck_s`: at once when it just started, every 10 s when it is old."""
-    from aiflame.agent.daemon import discovery
-
     young = subprocess.Popen(["sleep", "60"])
     try:
         time.sleep(0.2)
-        uptime = discovery._uptime_s()
+        wall = time.time()
         d = Discovery(Selector(WatchConfig(accelerators=True)))
         d.scan(now=100.0)
         reads = _count_reads(monkeypatch)
@@ -132,8 +130,11 @@ def test_discovery_looks_again_sooner_at_young_processes(monkeypatch: pytest.Mon
         checked = [pid for pid, _ in reads]
         assert young.pid in checked
         for pid in checked:
-            start = discovery.start_time(pid)
-            assert start is None or uptime - start / discovery.CLK_TCK < 3, pid
+            try:
+                created = psutil.Process(pid).create_time()
+            except psutil.NoSuchProcess:
+                continue
+            assert wall - created < 3, pid
         # Processes that wait (kernel threads wait far longer and are left out).
         old = [p for p in d._seen if p not in checked and d._seen[p].next_check <= 100.0 + d.recheck_s]
         assert old, "no process old enough to wait"
@@ -152,12 +153,13 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
     reads: list[tuple[int, bool]] = []
     real = discovery.read_info
 
-    def counting(pid: int, maps: bool) -> ProcInfo | None:
-        reads.append((pid, maps))
-        return real(pid, maps)
+    def counting(proc: psutil.Process, maps: bool) -> ProcInfo | None:
+        reads.append((proc.pid, maps))
+        return real(proc, maps)
 
     monkeypatch.setattr(discovery, "read_info", counting)
     return reads
+
 
 def _is_kthread(pid: int) -> bool:
     try:
