@@ -15,6 +15,7 @@ from aiflame.symbolize.accel.fatbin import FatbinEntry, iter_entries, iter_file_
 from aiflame.symbolize.errors import SymbolizeError
 
 MAX_FATBIN_BYTES = 1 << 30
+REGISTRATIONS = ("__cudaRegisterFatBinary", "__cudaRegisterFunction")
 
 
 def _file_entries(path: str, offset: int, size: int, label: str) -> Iterator[FatbinEntry] | None:
@@ -110,3 +111,45 @@ def _cubins_with(entries: Iterator[FatbinEntry], names: set[str], origin: str, s
     except SymbolizeError as e:
         warnings.append(str(e))
     return out
+
+
+class LaunchLog:
+    """The runtime events a capture keeps for its end, where `cubins` looks up the GPU code of the kernels they
+    launched. A capture that ends keeps every event; a `bounded` one (the daemon's, which never ends) keeps the
+    registrations for as long as their process lives and one launch per kernel."""
+
+    def __init__(self, bounded: bool = False) -> None:
+        self.bounded = bounded
+        self._events: list[RawEvent] = []
+        self._registrations: dict[int, list[RawEvent]] = {}  # pid -> fatbin/function registrations (bounded)
+
+    def add(self, events: Iterable[RawEvent]) -> None:
+        self._events.extend(events)
+        if not self.bounded:
+            return
+        keep: dict[tuple[int, int, str], RawEvent] = {}
+        for e in self._events:
+            if e.call in REGISTRATIONS:
+                self._registrations.setdefault(e.pid, []).append(e)
+            elif e.kind == "compute":
+                keep.setdefault((e.pid, e.args.get("func", 0), e.strs.get("name", "")), e)
+        self._events[:] = keep.values()
+
+    @property
+    def events(self) -> list[RawEvent]:
+        return [*(e for evs in self._registrations.values() for e in evs), *self._events]
+
+    def saw_runtime(self, runtime: str) -> bool:
+        return any(e.runtime == runtime for e in self._events)
+
+    def cubins(self, stored: dict[str, bytes]) -> tuple[list[GpuCode], list[str]]:
+        """launched_cubins of the events kept."""
+        return launched_cubins(self.events, stored)
+
+    def end_file(self) -> None:
+        """A capture file is finished: its launches are done with (registrations stay)."""
+        self._events.clear()
+
+    def forget(self, pid: int) -> None:
+        """The process exited: its registrations go."""
+        self._registrations.pop(pid, None)

@@ -84,21 +84,23 @@ def read_maps(pid: int) -> list[tuple[int, int, str, int, str, int, str]] | None
         return None
 
 
-def stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat from field 3 (the state letter) on: index 0 is the state, 1 the ppid, 19 the start time.
-    The command name before them may hold spaces and ')', so the split starts after its last ')'. None when the
-    process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    end = text.rfind(")")
-    return text[end + 2:].split() if end >= 0 else None
-
-
 def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int = 0) -> ProcessSnapshot | None:
     """Snapshot the executable mappings of `pid`; None if the process is already gone."""
+    # Who the process is first, then its maps: a snapshot taken while it execs then holds the new image's maps
+    # whenever it holds the new command line (maps read first could be the old image's, or none mid-exec).
+    cmdline: list[str] = []
+    comm, ppid, exe = "", 0, ""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            cmdline = [valid_utf8(a) for a in proc.cmdline()]
+            # The kernel's comm, as samples carry it: psutil's name() stretches a 15-character one from argv[0].
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            ppid = proc.ppid()
+            exe = valid_utf8(proc.exe())
+    except (psutil.Error, OSError):
+        pass  # the maps are what matter; the rest is best effort
     maps = read_maps(pid)
     if maps is None:
         return None
@@ -110,21 +112,9 @@ def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int 
         if path.startswith("/") and inode:
             bid = build_ids.get(pid, dev, inode, path, lo, hi)
         mappings.append(Mapping(lo, hi, off, path, bid, perms))
-    snap = ProcessSnapshot(pid, time_ns, mappings, exec_seq=exec_seq)
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            snap.cmdline = [_valid_utf8(a) for a in proc.cmdline()]
-            # The kernel's comm, as samples carry it: psutil's name() stretches a 15-character one from argv[0].
-            with open(f"/proc/{pid}/comm") as f:
-                snap.comm = f.read().strip()
-            snap.ppid = proc.ppid()
-            snap.exe = _valid_utf8(proc.exe())
-    except (psutil.Error, OSError):
-        pass  # the maps are what matter; the rest is best effort
-    return snap
+    return ProcessSnapshot(pid, time_ns, mappings, ppid, comm, cmdline, exe, exec_seq)
 
 
-def _valid_utf8(s: str) -> str:
+def valid_utf8(s: str) -> str:
     """psutil keeps undecodable bytes as surrogates, which a protobuf string cannot hold: U+FFFD instead."""
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")

@@ -1,5 +1,5 @@
 """The stack view `profile`, `export` and `render` share: its options (`--group`, `--no-kernel`, `--python`,
-`--debug-dir`, `--view`) and reading a capture, or a folded file, as that view."""
+`--native-interp`, `--debug-dir`, `--view`) and reading a capture, or a folded file, as that view."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-kernel", action="store_true", help="leave kernel frames out")
     g.add_argument("--python", choices=("merged", "python", "native"), default="merged",
                    help="Python frames merged into native stacks (default), Python frames only, or native only")
+    g.add_argument("--native-interp", action="store_true",
+                   help="with merged Python frames, also show the interpreter's own native frames (its entry, "
+                        "evaluator and call machinery); by default they fold into the Python frames")
     g.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
                    help="extra directory of separate debug files (DIR/.build-id/xx/yyyy.debug); repeatable")
     g.add_argument("--view", choices=VIEWS, default="cpu",
@@ -34,7 +37,8 @@ def stack_options(args: argparse.Namespace) -> StackOptions:
     """The StackOptions of parsed view options."""
     from aiflame.symbolize.stacks import StackOptions
 
-    return StackOptions(group=args.group, kernel=not args.no_kernel, python=args.python)
+    return StackOptions(group=args.group, kernel=not args.no_kernel, python=args.python,
+                        native_interp=args.native_interp)
 
 
 def load_view(path: Path, args: argparse.Namespace, folded: bool = False) -> Profile:

@@ -20,7 +20,8 @@ HASH_CHARS = 12  # 48 bits: collisions stay unlikely in any profile's name count
 # Event args that carry names (kernel, communicator, process, file); numbers and op types are kept.
 NAME_ARGS = frozenset({"name", "comm_name", "fatbin_file", "layout", "image", "inside"})
 KEPT_META = frozenset({"frequency_hz"})
-KEPT_FRAMES = frozenset({"[unknown]", "[missing]", "-"})  # placeholders that name nothing
+# Placeholders that name nothing.
+KEPT_FRAMES = frozenset({"[unknown]", "[missing]", "[unwind stopped]", "[anon]", "-"})
 
 
 class ObfuscateError(BadInput):

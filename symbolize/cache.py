@@ -4,9 +4,10 @@ A later agent process symbolizing the same binary reads this instead of parsing 
 is only an accelerator: a missing, unreadable, corrupt or other-version file reads as empty (and is rewritten
 by the next store); writes are atomic (temp file + rename) and their failures are ignored.
 
-Format, version 1::
+Format, version 2 (an offset no symbol covers is stored as `+0xOFFSET`, see native.py; version 1 said
+`[unknown]`)::
 
-    {"format": "aiflame-symbols", "version": 1, "key": KEY, "debug_file": PATH or null,
+    {"format": "aiflame-symbols", "version": 2, "key": KEY, "debug_file": PATH or null,
      "names": [NAME, ...], "files": [FILE, ...],
      "entries": [[FILE_OFFSET, NAME_INDEX, FRAME_KIND, FILE_INDEX, LINE], ...]}
 """
@@ -31,7 +32,7 @@ __all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "defaul
 log = logging.getLogger(__name__)
 
 FORMAT = "aiflame-symbols"
-VERSION = 1
+VERSION = 2
 
 Entry = tuple[str, int, str, int]
 """A resolved file offset: (name, FrameKind value, source file, line)."""

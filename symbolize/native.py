@@ -2,9 +2,15 @@
 
 For each binary the symbolizer finds the best sources it can: the binary itself under `root` (used only if its
 build id matches the one recorded at capture time), and its separate debug file (by build id or debuglink).
-Function names come from all of their symbol tables, source lines from whichever has DWARF. Results are kept
-in memory and in an on-disk cache keyed by build id, so symbolizing the same binary again, even in a new
-process, parses no ELF or DWARF at all. Nothing is ever dropped: what cannot be named is `[unknown]`.
+Function names come from all of their symbol tables (the debug file's, the binary's .symtab and .dynsym, and
+its MiniDebugInfo when there is no debug file), source lines from whichever has DWARF. Results are kept in
+memory and in an on-disk cache keyed by build id, so symbolizing the same binary again, even in a new process,
+parses no ELF or DWARF at all.
+
+Nothing is ever dropped, and every offset gets a name: what no symbol covers is `module+0xOFFSET`, of kind
+UNKNOWN, where OFFSET is the file offset of the start of the function holding it as the binary's unwind table
+(.eh_frame_hdr) lists it, or the offset itself when the binary has no such table or cannot be read. All
+samples in one unnamed function so share one frame.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import hashlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from aiflame.core.model import Frame, FrameKind
 from aiflame.symbolize.cache import CachedSymbols, Entry, SymbolCache
@@ -22,15 +29,17 @@ from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.debugfiles import build_id_path, find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
+from aiflame.symbolize.objfmt.ehframe import FunctionStarts, function_starts
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.elf_symbols import Symbol
+from aiflame.symbolize.objfmt.minidebug import minidebug_functions
 
-__all__ = ["UNKNOWN_NAME", "NativeSymbolizer"]
+__all__ = ["NativeSymbolizer", "offset_name"]
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_NAME = "[unknown]"
-_UNKNOWN: Entry = (UNKNOWN_NAME, int(FrameKind.UNKNOWN), "", 0)
+_UNKNOWN_KIND = int(FrameKind.UNKNOWN)
+_T = TypeVar("_T")
 _DELETED = " (deleted)"
 _MAX_OPEN_BINARIES = 32  # parsed binaries kept in memory (each holds a file descriptor and its tables)
 _LOOKBACK = 16  # how many preceding symbols may cover an address (nested or overlapping symbols)
@@ -61,6 +70,31 @@ def _merge_symbols(*lists: list[Symbol]) -> list[Symbol]:
     return [by_addr[a] for a in sorted(by_addr)]
 
 
+def offset_name(module: str, off: int) -> str:
+    """`libfoo.so+0x1a2b` (a negative offset reads `libfoo.so-0x1`)."""
+    return f"{module}{off:+#x}"
+
+
+def _unnamed(off: int) -> Entry:
+    # Stored relative (`+0x1a2b`) so a cache entry does not depend on the name the binary was mapped under.
+    return (f"{off:+#x}", _UNKNOWN_KIND, "", 0)
+
+
+def _frame_name(entry: Entry, module: str) -> str:
+    if entry[1] == _UNKNOWN_KIND and entry[0][:1] in ("+", "-"):
+        return module + entry[0]
+    return entry[0]
+
+
+def _optional(what: str, path: str, read: Callable[[], _T], empty: _T) -> _T:
+    """`read()`, or `empty` when it raises SymbolizeError: an optional source must not cost the binary's names."""
+    try:
+        return read()
+    except SymbolizeError as e:
+        log.debug("%s of %s unusable: %s", what, path, e)
+        return empty
+
+
 def _strip_version(name: str) -> str:
     """`memcpy@@GLIBC_2.14` -> `memcpy`; `puts@plt` stays (it names a different piece of code)."""
     if "@" not in name or name.endswith("@plt"):
@@ -76,7 +110,10 @@ class _Binary:
         self.debug = debug
         self.debug_path = debug.path if debug else None
         lists = [f.functions() for f in (debug, main) if f is not None]
+        if main is not None and debug is None:
+            lists.append(_optional("MiniDebugInfo", main.path, lambda: minidebug_functions(main), []))
         self._index = _SymbolIndex(_merge_symbols(*lists))
+        self._starts: FunctionStarts | None = None  # read at the first offset no symbol covers
         line_src = debug if debug is not None and debug.has_dwarf_lines else main
         self._lines = LineTable(line_src) if line_src is not None and line_src.has_dwarf_lines else None
 
@@ -93,6 +130,17 @@ class _Binary:
         assert self.debug is not None
         return self.debug.debug_layout_vaddr(off)
 
+    def _function_offset(self, vaddr: int | None, off: int) -> int:
+        """The file offset of the function holding `off` as the unwind table gives it, else `off` itself."""
+        main = self.main
+        if main is None or vaddr is None:
+            return off
+        if self._starts is None:
+            self._starts = _optional(".eh_frame_hdr", main.path, lambda: function_starts(main), FunctionStarts([], []))
+        start = self._starts.find(vaddr)
+        foff = main.vaddr_to_file_offset(start) if start is not None else None
+        return off if foff is None else foff
+
     def resolve(self, offsets: Iterable[int]) -> dict[int, Entry]:
         hits: dict[int, tuple[str, int]] = {}
         out: dict[int, Entry] = {}
@@ -100,7 +148,7 @@ class _Binary:
             vaddr = self._vaddr(off)
             name = self._index.find(vaddr) if vaddr is not None else None
             if name is None or vaddr is None:
-                out[off] = _UNKNOWN
+                out[off] = _unnamed(self._function_offset(vaddr, off))
             else:
                 hits[off] = (_strip_version(name), vaddr)
         demangled = demangle({n for n, _v in hits.values() if is_mangled(n)})
@@ -143,8 +191,9 @@ class NativeSymbolizer:
     def symbolize(self, path: str, build_id: str | None, file_offsets: Iterable[int]) -> dict[int, Frame]:
         """A Frame for every offset in `file_offsets` (offset = address - mapping start + mapping offset).
 
-        Return addresses are looked up as given (the caller subtracts 1). Offsets that cannot be named give
-        `Frame("[unknown]", FrameKind.UNKNOWN, module=...)`; a missing or unreadable binary gives only those.
+        Return addresses are looked up as given (the caller subtracts 1). Offsets no symbol covers give
+        `Frame("libfoo.so+0x1a2b", FrameKind.UNKNOWN, module="libfoo.so")` (see the module docstring); a missing
+        or unreadable binary gives only those, each at its own offset.
         """
         offsets = set(file_offsets)
         clean = path.removesuffix(_DELETED)
@@ -164,7 +213,7 @@ class NativeSymbolizer:
         if missing:
             binary = self._binary(key, clean, build_id)
             if binary is None:
-                failed = dict.fromkeys(missing, _UNKNOWN)
+                failed = {o: _unnamed(o) for o in missing}
             else:
                 try:
                     memo.update(binary.resolve(missing))
@@ -172,14 +221,15 @@ class NativeSymbolizer:
                         self._cache.store(key, CachedSymbols(memo, binary.debug_path))
                 except SymbolizeError as e:
                     log.debug("symbolizing %s failed: %s", path, e)
-                    failed = dict.fromkeys(missing, _UNKNOWN)
+                    failed = {o: _unnamed(o) for o in missing}
         frames: dict[Entry, Frame] = {}
         out: dict[int, Frame] = {}
         for off in offsets:
             entry = failed.get(off) or memo[off]
             frame = frames.get(entry)
             if frame is None:
-                frame = frames[entry] = Frame(entry[0], FrameKind(entry[1]), module, entry[2], entry[3])
+                frame = frames[entry] = Frame(_frame_name(entry, module), FrameKind(entry[1]), module, entry[2],
+                                              entry[3])
             out[off] = frame
         return out
 

@@ -12,16 +12,18 @@ from dataclasses import dataclass
 from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack
 from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, PyFlag, RawPyFrame, RawSample
 from aiflame.symbolize.events import trace_events
-from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.native import NativeSymbolizer, offset_name
 from aiflame.symbolize.python.code import line_for
-from aiflame.symbolize.python.merge import merge, python_runs
+from aiflame.symbolize.python.merge import fold_interpreter, merge, python_runs
 from aiflame.symbolize.unwind_report import unwind_report
 
 TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
 
 MISSING_USER = Frame("[missing user stack]", FrameKind.UNKNOWN)
 UNKNOWN_KERNEL = Frame("[unknown]", FrameKind.KERNEL, module="[kernel]")
-BROKEN_CHAIN = Frame("[unknown]", FrameKind.UNKNOWN)  # the rest of a user stack whose frame chain broke
+# The rest of a user stack whose frame chain broke (code without frame pointers): the native unwinder stopped.
+BROKEN_CHAIN = Frame("[unwind stopped]", FrameKind.UNKNOWN)
+ANON = "[anon]"  # an address in a mapping backed by no file (JIT code, trampolines)
 
 _DEDUPE = True  # build each distinct raw stack once; tests turn it off to compare with building every sample
 _UNSEEN = (Mapping(0, 0, 0, ""), -1)  # not located yet (None: located nowhere)
@@ -35,6 +37,7 @@ class StackOptions:
     kernel: bool = True  # include kernel frames
     user: bool = True  # include user frames
     python: str = "merged"  # merged (Python frames replace the evaluator's), python (Python frames only), native
+    native_interp: bool = False  # merged: keep the interpreter's own native frames (else they fold away)
 
 
 class _ProcessIndex:
@@ -78,7 +81,9 @@ class _ProcessIndex:
 def symbolize_capture(
     cap: Capture, native: NativeSymbolizer | None = None, options: StackOptions | None = None
 ) -> Profile:
-    """Symbolize every sample of `cap`; nothing is dropped (unnamed frames read `[unknown]`)."""
+    """Symbolize every sample of `cap`; nothing is dropped. A native frame no symbol names reads
+    `module+0xOFFSET`, one in a mapping with no file `[anon]` (or the kernel's name for it, e.g. `[vdso]`), and
+    where the frame chain broke, what lies rootward of it is one `[unwind stopped]`."""
     opts = options or StackOptions()
     native = native or NativeSymbolizer()
     by_pid: dict[int, list[ProcessSnapshot]] = defaultdict(list)
@@ -151,7 +156,8 @@ def symbolize_capture(
         if opts.user:
             user = _user_frames(s, chain, names)
             if s.py and s.py_flags & PyFlag.TSTATE and opts.python != "native":
-                frames.extend(pynames.merged(s, user, counters, python_only=opts.python == "python"))
+                frames.extend(pynames.merged(s, user, counters, python_only=opts.python == "python",
+                                             fold=not opts.native_interp))
             elif opts.python != "python":
                 frames.extend(user)
         if opts.kernel:
@@ -229,14 +235,18 @@ def _user_frames(s: RawSample, chain: _Chain, names: dict[tuple[str, str], dict[
         return [MISSING_USER] if s.user_err or not s.kern else []
     # Leaf first: an address in no executable mapping cannot be a return address, so the frame-pointer chain
     # broke there (code built without frame pointers) and every frame rootward of it came from the broken
-    # chain. One `[unknown]` stands for them instead of up to a hundred garbage frames.
+    # chain. One `[unwind stopped]` stands for them instead of up to a hundred garbage frames.
     out: list[Frame] = [BROKEN_CHAIN] if chain.broken else []
     for m, off in reversed(chain.hits):
         if not m.path.startswith("/"):
-            out.append(Frame("[unknown]", FrameKind.UNKNOWN, module=m.path or "[anon]"))
+            label = m.path if m.path.startswith("[") else ANON  # [vdso], [anon:name] (a named region), ...
+            out.append(Frame(label, FrameKind.UNKNOWN, module=label))
             continue
         f = names.get((m.path, m.build_id), {}).get(off)
-        out.append(f or Frame("[unknown]", FrameKind.UNKNOWN, module=os.path.basename(m.path)))
+        if f is None:
+            module = os.path.basename(m.path)
+            f = Frame(offset_name(module, off), FrameKind.UNKNOWN, module=module)
+        out.append(f)
     return out
 
 
@@ -258,7 +268,9 @@ class _PythonNames:
         self._changes = {pid: sorted(times) for pid, times in changes.items() if times}
         self.version: dict[int, tuple[int, int]] = {}
         self.owner_cstack: dict[int, int] = {}
+        self.interpreter: dict[int, str] = {}  # the module (Frame.module) of the ELF file running the interpreter
         for r in cap.py_runtimes:
+            self.interpreter[r.pid] = os.path.basename(r.binary.removesuffix(" (deleted)"))
             parts = r.version.split(".")
             v = (int(parts[0]), int(parts[1]))
             self.version[r.pid] = v
@@ -289,7 +301,8 @@ class _PythonNames:
             self._frames[key] = hit
         return hit
 
-    def merged(self, s: RawSample, native: list[Frame], counters: dict[str, int], python_only: bool) -> list[Frame]:
+    def merged(self, s: RawSample, native: list[Frame], counters: dict[str, int], python_only: bool,
+               fold: bool = True) -> list[Frame]:
         version = self.version.get(s.pid)
         if version is None:
             return native
@@ -305,4 +318,5 @@ class _PythonNames:
             counters["python_spliced"] = counters.get("python_spliced", 0) + 1
         if result.mismatched:
             counters["python_mismatched"] = counters.get("python_mismatched", 0) + 1
-        return trunc + list(result.stack)
+        stack = fold_interpreter(result.stack, self.interpreter.get(s.pid, "")) if fold else result.stack
+        return trunc + list(stack)

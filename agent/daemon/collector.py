@@ -1,11 +1,11 @@
-"""The daemon's collector: the capture session's machinery (sampler, Python walker, runtime probes, mapping
+"""The daemon's collector: the capture pipeline (agent.pipeline: sampler, Python walker, runtime probes, mapping
 snapshots, drain) run over a changing set of targets and cut into consecutive capture files.
 
-`Session` (agent/session.py) owns the per-sample work; this subclass adds what a process that never ends
-needs: targets added and forgotten while it runs, one capture file per window with everything a window must
-hold to stand alone (each live target's mappings and Python runtime, re-written at every rotation), and state
-that stays bounded whatever the number of process lifetimes (per-pid tables dropped at exit, probe libraries
-re-placed past a limit, events kept only as far as GPU code lookup needs them).
+What a process that never ends adds to the pipeline: targets added and forgotten while it runs, one capture
+file per window with everything a window must hold to stand alone (each live target's mappings and Python
+runtime, re-written at every rotation), and state that stays bounded whatever the number of process lifetimes
+(per-pid tables dropped at exit, probe libraries re-placed past a limit, events kept only as far as GPU code
+lookup needs them).
 """
 
 from __future__ import annotations
@@ -16,22 +16,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.agent.gpu_code import launched_cubins
 from aiflame.agent.kernel.bpf_sys import cpu_list
-from aiflame.agent.kernel.records import RecKind
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
+from aiflame.agent.pipeline import CapturePipeline, SessionStats, mono_ns
 from aiflame.agent.procmaps import BuildIdCache
-from aiflame.agent.runtimes import all_runtimes
-from aiflame.agent.runtimes.manager import ProbeManager
-from aiflame.agent.session import Session, SessionConfig, _cpu_s, _mono_ns
+from aiflame.agent.procs import own_cpu_s
 from aiflame.core.capture import CaptureWriter, new_header
-from aiflame.core.raw import CaptureFooter, PyRuntimeInfo, RawEvent
+from aiflame.core.raw import CaptureFooter
 
-_REGISTRATIONS = ("__cudaRegisterFatBinary", "__cudaRegisterFunction")
 # Probes stay in a library while targets may call it; with no target left for this long they are removed.
 PROBE_IDLE_S = 300.0
 WORST_SAMPLE_BYTES = 2048  # a sample with deep native and Python stacks
 MAX_FATBIN_BYTES = 256 << 20  # fatbins copied from target memory, kept for later windows' cubin lookups
+MAX_WARNINGS = 20  # each warning list keeps its last this many
 
 
 @dataclass
@@ -46,7 +43,7 @@ class WindowResult:
     warnings: list[str] = field(default_factory=list)  # new in this window (probes, Python walker, GPU code)
 
 
-class Collector(Session):
+class Collector:
     """Samples a set of processes at one rate and writes one capture per window.
 
     Use: `start()`, then `open_window(path)`, `add_target(pid)` as targets appear, `tick(seconds)` in a loop,
@@ -54,17 +51,17 @@ class Collector(Session):
     """
 
     def __init__(self, sampler: SamplerConfig, runtimes: bool, label: str, max_probed_libraries: int = 64) -> None:
-        # pid 0 is never a process: every target that exits is dropped (Session keeps a --pid target's entry).
-        super().__init__(SessionConfig(out_dir=Path("."), pid=0, sampler=sampler, runtimes=runtimes))
+        self.sampler_config = sampler
         self.label = label
         self.max_probed_libraries = max_probed_libraries
+        self.pipeline = CapturePipeline(runtimes, bounded=True)
         self.exited: list[int] = []  # pids whose exit was seen since the caller last looked
+        self.windows_written = 0
+        self.code_warnings: list[str] = []  # the GPU code lookup's, last MAX_WARNINGS
         self._window_samples0 = 0
         self._window_events0 = 0
         self._counters0: dict[str, int] = {}
         self._cpu0 = 0.0
-        self._registrations: dict[int, list[RawEvent]] = {}  # pid -> fatbin/function registrations
-        self.windows_written = 0
         self._idle_since = time.monotonic()
         self._reported: set[str] = set()  # warnings already handed out in a WindowResult
 
@@ -72,126 +69,113 @@ class Collector(Session):
 
     def start(self) -> None:
         """Compile and attach the BPF program (seconds: once per collector, never per window or target)."""
-        cfg = SamplerConfig(**{**self.cfg.sampler.__dict__, "follow_children": True, "probes": self.cfg.runtimes})
-        sampler = CpuSampler(cfg, self._pending.append, self._procs.append, self._on_probe)
-        sampler.start([])
-        self._sampler = sampler
-        self._kernel_table()  # now, with the compile: every window close names kernel addresses from it
-        if self.cfg.runtimes:
-            self.probes = ProbeManager(all_runtimes(), sampler, on_stop=self._on_target_stop)
+        self.pipeline.start(self.sampler_config, [])
+        self.pipeline.kernel.table()  # now, with the compile: every window close names kernel addresses from it
 
     @property
     def sampler(self) -> CpuSampler:
-        assert self._sampler is not None, "start() first"
-        return self._sampler
+        assert self.pipeline.sampler is not None, "start() first"
+        return self.pipeline.sampler
+
+    @property
+    def stats(self) -> SessionStats:
+        return self.pipeline.stats
 
     @property
     def targets(self) -> list[int]:
-        return sorted(self._snaps)
+        return sorted(self.pipeline.processes.snaps)
+
+    @property
+    def window_samples(self) -> int:
+        """Samples in the window open now."""
+        return self.stats.samples - self._window_samples0
+
+    @property
+    def probed_libraries(self) -> int:
+        probes = self.pipeline.probes
+        return len(probes.attached) if probes else 0
 
     def add_target(self, pid: int) -> None:
         """Start sampling `pid` (and the children it forks from now on)."""
-        if pid in self._snaps:
+        if pid in self.pipeline.processes.snaps:
             return
         self.sampler.add_target(pid)
-        if self._writer is not None:
-            self._snapshot(pid, self._writer)
+        if self.pipeline.writer is not None:
+            self.pipeline.snapshot(pid)
 
     def remove_target(self, pid: int) -> None:
         self.sampler.remove_target(pid)
-        self._forget(pid)
+        self.pipeline.forget(pid)
 
     def drain_interval(self, longest_s: float) -> float:
         """How long records may wait in the ring buffer: `longest_s`, or less where every online CPU running a
         target at the sampling rate, with deep stacks, could fill a quarter of the ring sooner."""
-        cfg = self.cfg.sampler
+        cfg = self.sampler_config
         worst = cfg.frequency * len(cpu_list("online")) * WORST_SAMPLE_BYTES
         return max(min(longest_s, cfg.ringbuf_pages * mmap.PAGESIZE / 4 / worst), 0.05)
 
     def tick(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` (a library open by a target wakes us early), then drain into the window."""
-        assert self._writer is not None
+        assert self.pipeline.writer is not None
         self.sampler.wait(timeout_s)
-        self._drain(self.sampler, self._writer)
+        self._drain()
 
     def close(self) -> None:
-        if self._sampler is not None and self.probes:
-            # Never leave a target stopped: no process is a target any more (no new stops), the stopping probes
-            # and the library-open tracepoint are gone (their programs have finished), and the stop records
-            # already sent are drained and answered. As at the end of Session._capture.
-            for pid in self._sampler.targets():
-                self._sampler.remove_target(pid)
-            self._sampler.stop_stopping()
-            self._sampler.poll()
-        if self.probes:
-            self.probes.finish()
-        if self._sampler is not None:
-            self._sampler.close()
-            self._sampler = None
-        self.python.close()
+        pipe = self.pipeline
+        if pipe.sampler is not None and pipe.probes:
+            pipe.release_targets()
+            pipe.sampler.poll()  # the stop records already sent are answered; close() continues the rest
+        pipe.close()
 
     # --- windows --------------------------------------------------------------------------------------------
 
     def open_window(self, path: Path, target: str = "") -> None:
         """Start a capture file; the live targets' mappings and Python runtimes go in first."""
-        assert self._writer is None
-        header = new_header(self.cfg.sampler.frequency, self.sampler.event_used, sys.argv, target or self.label,
+        assert self.pipeline.writer is None
+        header = new_header(self.sampler_config.frequency, self.sampler.event_used, sys.argv, target or self.label,
                             {"aiflame.mode": self.label,
-                             "sampling": self.cfg.sampler.describe(self.sampler.event_used)})
-        writer = CaptureWriter(path, header)
-        self._writer = writer
-        self._kaddrs = set()
+                             "sampling": self.sampler_config.describe(self.sampler.event_used)})
         self._counters0 = self.sampler.counters()
         self._window_samples0 = self.stats.samples
         self._window_events0 = self.stats.events
-        self._cpu0 = _cpu_s()
-        for snap in self._snaps.values():
-            writer.add_process(snap)
-        for pid, proc in self.python.procs.items():
-            t = proc.target
-            writer.add_py_runtime(PyRuntimeInfo(pid, ".".join(map(str, t.version)), t.layout.source, t.binary))
-            proc.written.clear()  # code objects are re-read for this file as its samples name them
-        for pid in self._snaps:
-            self._known[pid] = set()
+        self._cpu0 = own_cpu_s()
+        self.pipeline.open_file(CaptureWriter(path, header))
 
     def close_window(self, stop_reason: str) -> WindowResult:
         """Drain, finish the capture file (GPU code, kernel symbols, counters of this window) and close it."""
-        writer = self._writer
+        pipe = self.pipeline
+        writer = pipe.writer
         assert writer is not None
-        self._drain(self.sampler, writer)
-        if self.probes:
-            self._write_probe_output(writer)
-            regs = [e for evs in self._registrations.values() for e in evs]
-            cubins, warnings = launched_cubins([*regs, *self._events], self._memory_fatbins)
-            self._code_warnings.extend(w for w in warnings if w not in self._code_warnings)
-            del self._code_warnings[:-20]
-            for c in cubins:
-                writer.add_gpu_code(c)
-        writer.add_kernel_symbols(self._kernel_symbols())
+        self._drain()
+        warnings = pipe.write_gpu_code()
+        self.code_warnings.extend(w for w in warnings if w not in self.code_warnings)
+        del self.code_warnings[:-MAX_WARNINGS]
+        pipe.write_kernel_names()
         now_counters = self.sampler.counters()
         counters = {k: v - self._counters0.get(k, 0) for k, v in now_counters.items()}
-        if self.probes:
-            counters["returns_lost"] = self.probes.returns_lost
+        if pipe.probes:
+            counters["returns_lost"] = pipe.probes.returns_lost
         self.stats.counters = now_counters
         result = WindowResult(writer.path, self.stats.samples - self._window_samples0,
                               self.stats.events - self._window_events0, counters, self.targets, self._new_warnings())
-        writer.close(CaptureFooter(time.time_ns(), _mono_ns(), 0, counters, stop_reason, _cpu_s() - self._cpu0))
-        self._writer = None
-        self._events.clear()
+        writer.close(CaptureFooter(time.time_ns(), mono_ns(), 0, counters, stop_reason, own_cpu_s() - self._cpu0))
+        pipe.writer = None
+        pipe.launches.end_file()
         self.windows_written += 1
         self._bound_state()
         return result
 
     def discard_window(self) -> None:
         """Drop the open window's file (an aborted capture)."""
-        if self._writer is not None:
-            w, self._writer = self._writer, None
+        w, self.pipeline.writer = self.pipeline.writer, None
+        if w is not None:
             w.close(CaptureFooter(stop_reason="aborted"))
             w.path.unlink(missing_ok=True)
 
     def _new_warnings(self) -> list[str]:
-        """Warnings not reported before (each once; the lists they come from keep their last 20)."""
-        every = [*(self.probes.warnings if self.probes else []), *self.python.warnings, *self._code_warnings]
+        """Warnings not reported before (each once; the lists they come from keep their last MAX_WARNINGS)."""
+        probes = self.pipeline.probes
+        every = [*(probes.warnings if probes else []), *self.pipeline.python.warnings, *self.code_warnings]
         new = [w for w in dict.fromkeys(every) if w not in self._reported]
         if len(self._reported) > 4096:
             self._reported.clear()  # bounded: a warning may then be reported once more
@@ -200,74 +184,40 @@ class Collector(Session):
 
     # --- bounded state --------------------------------------------------------------------------------------
 
-    def _drain(self, sampler: CpuSampler, writer: CaptureWriter) -> None:
-        exited = [ev.pid for ev in self._procs if ev.kind == RecKind.EXIT]
-        super()._drain(sampler, writer)
+    def _drain(self) -> None:
+        exited = self.pipeline.drain()
         for pid in exited:  # after the drain: the exited process's last samples needed its tables
-            self._forget(pid)
+            self.pipeline.forget(pid)
         self.exited.extend(exited)
-
-    def _write_probe_output(self, writer: CaptureWriter) -> None:
-        super()._write_probe_output(writer)
-        # Keep only what the end of the window needs to find launched kernels' cubins: registrations (for as
-        # long as their process lives) and one launch per kernel.
-        keep: dict[tuple[int, int, str], RawEvent] = {}
-        for e in self._events:
-            if e.call in _REGISTRATIONS:
-                self._registrations.setdefault(e.pid, []).append(e)
-            elif e.kind == "compute":
-                keep.setdefault((e.pid, e.args.get("func", 0), e.strs.get("name", "")), e)
-        self._events[:] = keep.values()
-
-    def _forget(self, pid: int) -> None:
-        """Everything kept about a process that is gone (BPF map entries, fds, per-pid tables)."""
-        if self._sampler is not None:
-            self._sampler.clear_python(pid)
-        self.python.forget(pid)
-        if self.probes:
-            self.probes.forget(pid)
-            _drop_open_calls(self.probes, pid)
-        for table in (self._snaps, self._known, self._remap_at, self._exec_seq, self._registrations):
-            table.pop(pid, None)
-        self.stats.pids = len(self._snaps)
 
     def _bound_state(self) -> None:
         """Between windows: caches that grow with distinct files are capped, and probes are re-placed when they
         sit in too many libraries or no target is left to use them."""
+        pipe = self.pipeline
         if self.windows_written % 16 == 0:
-            self._build_ids = BuildIdCache()  # one entry per library file ever seen: start over now and then
-        while self._memory_fatbins and sum(map(len, self._memory_fatbins.values())) > MAX_FATBIN_BYTES:
-            del self._memory_fatbins[next(iter(self._memory_fatbins))]
-        del self.python.warnings[:-20]
-        if self.probes:
-            del self.probes.warnings[:-20]
+            pipe.processes.build_ids = BuildIdCache()  # one entry per library file ever seen: start over now and then
+        while pipe.memory_fatbins and sum(map(len, pipe.memory_fatbins.values())) > MAX_FATBIN_BYTES:
+            del pipe.memory_fatbins[next(iter(pipe.memory_fatbins))]
+        del pipe.python.warnings[:-MAX_WARNINGS]
+        if pipe.probes:
+            del pipe.probes.warnings[:-MAX_WARNINGS]
         now = time.monotonic()
-        if self._snaps:
+        if pipe.processes.snaps:
             self._idle_since = now
-        if self.probes and (len(self.probes.attached) > self.max_probed_libraries
-                            or (self.probes.attached and now - self._idle_since > PROBE_IDLE_S)):
+        if pipe.probes and (len(pipe.probes.attached) > self.max_probed_libraries
+                            or (pipe.probes.attached and now - self._idle_since > PROBE_IDLE_S)):
             self.reset_probes()
 
     def reset_probes(self) -> None:
         """Detach every runtime probe and place them again for the live targets only."""
-        if not self.probes:
+        pipe = self.pipeline
+        old = pipe.probes
+        if not old:
             return
-        self.probes.finish()
+        old.finish()
         self.sampler.detach_probes(background=True)  # seconds of kernel grace periods: not on our thread
         self.sampler.forget_libraries_seen()
-        old = self.probes
-        self.probes = ProbeManager(all_runtimes(), self.sampler, on_stop=self._on_target_stop)
-        self.probes.calls_seen, self.probes.returns_lost = old.calls_seen, old.returns_lost
-        for pid, snap in self._snaps.items():
-            self.probes.consider_process(pid, [m.path for m in snap.mappings])
-
-    @property
-    def probed_libraries(self) -> int:
-        return len(self.probes.attached) if self.probes else 0
-
-
-def _drop_open_calls(probes: ProbeManager, pid: int) -> None:
-    """Calls of an exited process that never returned (ProbeManager keys them by thread id)."""
-    open_calls = probes._open
-    for tid in [t for t, stack in open_calls.items() if stack and stack[0].pid == pid]:
-        del open_calls[tid]
+        pipe.probes = pipe.new_probes()
+        pipe.probes.calls_seen, pipe.probes.returns_lost = old.calls_seen, old.returns_lost
+        for pid, snap in pipe.processes.snaps.items():
+            pipe.probes.consider_process(pid, [m.path for m in snap.mappings])

@@ -1,8 +1,11 @@
-"""Process discovery: a cheap periodic scan of /proc that finds the processes to watch (those that map an
-accelerator runtime, or match the configured selectors) and notices the ones that are gone.
+"""Process discovery: a cheap periodic scan of the process list (psutil) that finds the processes to watch
+(those that map an accelerator runtime, or match the configured selectors) and notices the ones that are gone.
 
-Each pid is identified with its start time, so a reused pid is a new process. A process that is not (yet) a
-target is re-checked now and then: a Python job maps libtorch or libcudart only when it imports them.
+Each process is known by psutil's identity (pid and start time), so a reused pid is a new process. A process
+that is not (yet) a target is re-checked now and then: a Python job maps libtorch or libcudart only when it
+imports them. What psutil does not give is read from /proc: the kernel's comm (psutil's name() stretches a
+15-character one from argv[0]), the cgroup path, and the file names in /proc/PID/maps (psutil's memory_maps
+reads the much larger smaps).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+import psutil
+
 from aiflame.agent.daemon.config import WatchConfig
-from aiflame.agent.procmaps import stat_fields
+from aiflame.agent.procmaps import valid_utf8
 
 # File names of accelerator runtimes as they appear in /proc/PID/maps (versioned sonames included).
 _ACCEL = re.compile(
@@ -47,7 +52,7 @@ class ProcInfo:
     """What the selectors look at."""
 
     pid: int
-    start: int  # start time in clock ticks since boot (tells a reused pid apart)
+    created: float  # psutil's create_time: seconds since the epoch
     comm: str
     exe: str
     cmdline: str
@@ -92,69 +97,62 @@ def _read(path: str) -> str:
     return data.decode(errors="replace")
 
 
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat; None when the process is gone."""
-    fields = stat_fields(pid)
+def _cgroup(pid: int) -> str:
+    """The process's cgroup in the unified hierarchy (psutil has no cgroups)."""
+    for line in _read(f"/proc/{pid}/cgroup").splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return ""
+
+
+def vm_size(proc: psutil.Process) -> int | None:
+    """The process's virtual size in bytes: it grows when a library is mapped. None when it is gone."""
     try:
-        return int(fields[19]) if fields else None
-    except (ValueError, IndexError):
+        return int(proc.memory_info().vms)
+    except psutil.Error:
         return None
 
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of start times in /proc/PID/stat
-
-
-def _uptime_s() -> float:
-    """Seconds since boot, the clock of /proc/PID/stat start times."""
+def read_info(proc: psutil.Process, with_maps: bool) -> ProcInfo | None:
+    """The selector's view of `proc`; None for a process that is gone, a zombie or a kernel thread."""
     try:
-        return float(_read("/proc/uptime").split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0
+        with proc.oneshot():
+            cmdline = valid_utf8(" ".join(proc.cmdline()).strip())
+            if not cmdline:
+                return None  # kernel threads (and zombies) have no command line
+            created = proc.create_time()
+            try:
+                exe = valid_utf8(proc.exe())
+            except psutil.AccessDenied:
+                exe = ""
+        comm = _read(f"/proc/{proc.pid}/comm").strip()  # the kernel's (psutil's name() stretches a long one)
+        cgroup = _cgroup(proc.pid)
+        runtimes = frozenset(accelerator_runtimes(_read(f"/proc/{proc.pid}/maps"))) if with_maps else frozenset()
+    except (psutil.Error, OSError):
+        return None
+    return ProcInfo(proc.pid, created, comm, exe, cmdline, cgroup, runtimes)
 
 
-def vm_pages(pid: int) -> int | None:
-    """The process's virtual size in pages (/proc/PID/statm): it grows when a library is mapped."""
+def process_info(pid: int) -> ProcInfo | None:
+    """read_info of `pid` without its maps; None when there is no such process (or it is a kernel thread)."""
     try:
-        return int(_read(f"/proc/{pid}/statm").split()[0])
-    except (OSError, ValueError, IndexError):
+        return read_info(psutil.Process(pid), False)
+    except psutil.Error:
         return None
-
-
-def read_info(pid: int, with_maps: bool) -> ProcInfo | None:
-    """The selector's view of `pid`; None for a process that is gone or a kernel thread."""
-    start = start_time(pid)
-    if start is None:
-        return None
-    try:
-        cmdline = _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
-        if not cmdline:
-            return None  # kernel threads (and zombies) have no command line
-        comm = _read(f"/proc/{pid}/comm").strip()
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-        except OSError:
-            exe = ""
-        cgroup = ""
-        for line in _read(f"/proc/{pid}/cgroup").splitlines():
-            if line.startswith("0::"):  # the unified hierarchy
-                cgroup = line[3:]
-        runtimes = frozenset(accelerator_runtimes(_read(f"/proc/{pid}/maps"))) if with_maps else frozenset()
-    except OSError:
-        return None
-    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, runtimes)
 
 
 class _Seen(NamedTuple):
     """A process judged not to be a target: when to look again, and what it looked like."""
 
-    start: int
+    proc: psutil.Process  # its identity (pid and start time); caches its create time
     next_check: float
-    pages: int | None  # virtual size then (None: not read)
+    vms: int | None  # virtual size then (None: not read)
     runtimes: frozenset[str]
 
 
 class Discovery:
-    """Finds targets in /proc. `scan()` returns the new targets and the pids seen before that are gone.
+    """Finds targets among the host's processes. `scan()` returns the new targets and the pids seen before that
+    are gone.
 
     Memory stays bounded by the number of live processes: entries for vanished pids are dropped at each scan.
     """
@@ -173,32 +171,36 @@ class Discovery:
 
     def scan(self, now: float | None = None) -> tuple[list[ProcInfo], list[int]]:
         now = time.monotonic() if now is None else now
-        uptime = _uptime_s()
-        live: set[int] = set()
+        wall = time.time()
+        pids = psutil.pids()
+        live = set(pids)
         new: list[ProcInfo] = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            live.add(pid)
+        for pid in pids:
             if pid in self.targets or pid in self._exclude:
                 continue
             seen = self._seen.get(pid)
             if seen is not None and now < seen.next_check:
                 continue
+            try:
+                proc = psutil.Process(pid)
+            except psutil.Error:
+                self._seen.pop(pid, None)
+                continue
+            if seen is not None and proc == seen.proc:  # the same process (not a reused pid)
+                proc = seen.proc  # knows its create time already
+            else:
+                seen = None
             # A re-check reads the maps (the costly file of a big process) only when the size changed since.
-            pages = vm_pages(pid) if self.selector.needs_maps else None
-            same_size = seen is not None and pages is not None and pages == seen.pages
-            info = read_info(pid, self.selector.needs_maps and not same_size)
+            vms = vm_size(proc) if self.selector.needs_maps else None
+            same_size = seen is not None and vms is not None and vms == seen.vms
+            info = read_info(proc, self.selector.needs_maps and not same_size)
             if info is not None and seen is not None and same_size:
-                info = replace(info, runtimes=seen.runtimes) if seen.start == info.start else \
-                    read_info(pid, True)  # the pid was reused
+                info = replace(info, runtimes=seen.runtimes)
             if info is None:
-                start = start_time(pid)
-                if start is None:
+                if not proc.is_running():
                     self._seen.pop(pid, None)
                 else:  # a kernel thread (no command line): never a target, looked at again only rarely
-                    self._seen[pid] = _Seen(start, now + KTHREAD_RECHECK_S, None, frozenset())
+                    self._seen[pid] = _Seen(proc, now + KTHREAD_RECHECK_S, None, frozenset())
                 continue
             if self.selector.wants(info):
                 self._seen.pop(pid, None)
@@ -207,8 +209,8 @@ class Discovery:
             else:
                 # A young process is about to load its libraries (Python imports torch after it starts): look
                 # again sooner the younger it is, up to every `recheck_s` for old ones.
-                wait = min(self.recheck_s, max(uptime - info.start / CLK_TCK, 0.0) / 2)
-                self._seen[pid] = _Seen(info.start, now + wait, pages, info.runtimes)
+                wait = min(self.recheck_s, max(wall - info.created, 0.0) / 2)
+                self._seen[pid] = _Seen(proc, now + wait, vms, info.runtimes)
         gone = [pid for pid in self.targets if pid not in live]
         for pid in gone:
             del self.targets[pid]

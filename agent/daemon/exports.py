@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.agent.daemon.windows import OutputDirs
+from aiflame.agent.daemon.store import OutputDirs
 from aiflame.agent.outputs import capture_views, write_views
 from aiflame.core.capture import read_capture
 from aiflame.symbolize.native import NativeSymbolizer

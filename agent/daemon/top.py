@@ -152,7 +152,7 @@ def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generat
 def _own_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generator[TopView | None]:
     from aiflame.agent.daemon.collector import Collector
     from aiflame.agent.kernel.sampler import SamplerConfig
-    from aiflame.agent.session import check_pid, check_root
+    from aiflame.agent.preflight import check_pid, check_root
 
     check_root()
     if args.pid is not None:

@@ -380,6 +380,11 @@ class ProbeManager:
             rt.forget(pid)
         self._allowances.pop(pid, None)
 
+    def drop_open_calls(self, pid: int) -> None:
+        """The process exited: its calls that never returned are dropped (they are kept by thread id)."""
+        for tid in [t for t, stack in self._open.items() if stack and stack[0].pid == pid]:
+            del self._open[tid]
+
     def take(self) -> tuple[list[RawEvent], list[GpuCode]]:
         """Events and code objects decoded since the last call."""
         ev, code = self._events, self._code

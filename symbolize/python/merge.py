@@ -6,6 +6,16 @@ shim frame on 3.12/3.13). When the native stack holds as many evaluator frames a
 frame is replaced by its run. When it does not (native unwinding through a libpython built without frame pointers
 stops after a few frames), the whole Python stack is spliced at the root, followed by the native frames the
 current Python frame called into, and the sample is marked spliced.
+
+Then, by default, the interpreter's own native frames fold away, as py-spy does. Below the first Python frame
+they are the evaluator's helpers (argument parsing, attribute lookup, the call machinery between a Python frame
+and the C function it calls): a Python frame calling a C extension reads `f;ext_func`, not
+`f;_PyObject_MakeTpCall;cfunction_call;...;ext_func`; builtins whose names say what the program waits on or
+spends its time in (time.sleep, the GC, os calls, locks and the GIL) stay. Above it they are how the interpreter
+was entered (`_start;__libc_start_main;Py_BytesMain;Py_RunMain;...;PyEval_EvalCode`, or a thread's start):
+those go too, with the process and thread entry points, so a stack the native unwinder walked to its root and
+one it spliced both start at the same Python frame. Native frames of other code stay wherever they are (a C++
+thread that calls into Python keeps its frames above the Python ones).
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from aiflame.core.model import Frame
+from aiflame.core.model import Frame, FrameKind
 from aiflame.core.raw import RawPyFrame
 
 EVAL_NAMES = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.cold", "_PyEval_EvalFrame",
@@ -21,6 +31,10 @@ EVAL_NAMES = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.co
 # Where a complete native stack starts; a stack rooted elsewhere was cut short.
 NATIVE_ROOTS = frozenset({"_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone",
                           "clone3", "thread_start"})
+# Interpreter functions kept under a Python frame: builtin modules and the waits a user wants to see.
+KEPT_INTERPRETER_PREFIXES = ("time_", "gc_", "os_", "sys_", "thread_", "lock_", "rlock_", "PyThread_", "PyGILState_",
+                             "take_gil", "select_", "sock_", "sre_", "_sre_")
+_NATIVE_KINDS = frozenset({FrameKind.NATIVE, FrameKind.NATIVE_CPP, FrameKind.UNKNOWN})
 
 
 @dataclass(frozen=True)
@@ -81,3 +95,21 @@ def merge(
         start = unknown[-1] + 1 if unknown else len(native) - 1
         tail = list(native[min(start, len(native) - 1):]) if native else []
     return MergeResult(tuple(py + tail), not complete, complete)
+
+
+def fold_interpreter(stack: Sequence[Frame], interpreter: str) -> tuple[Frame, ...]:
+    """`stack` (root -> leaf) without the native frames of module `interpreter` (the ELF file holding the
+    interpreter, as Frame.module names it) below the first Python frame, all but the builtins
+    KEPT_INTERPRETER_PREFIXES names; rootward of it the native path into Python stays whole (`main -> Py_RunMain ->
+    ... -> PyEval_EvalCode -> py::<module>`), as the native unwinder found it. A stack with no Python frame
+    (start-up, shutdown, a thread running no Python) is left whole."""
+    first = next((i for i, f in enumerate(stack) if f.kind == FrameKind.PYTHON), None)
+    if first is None or not interpreter:
+        return tuple(stack)
+    out = list(stack[:first + 1])  # the native path that entered Python (main, Py_RunMain, a thread start) stays
+
+    for f in stack[first + 1:]:
+        if f.module == interpreter and f.kind in _NATIVE_KINDS and not f.name.startswith(KEPT_INTERPRETER_PREFIXES):
+            continue
+        out.append(f)
+    return tuple(out)

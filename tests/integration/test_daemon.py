@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.agent.daemon.windows import CAPTURE_RE, WINDOW_RE
+from aiflame.agent.daemon.store import CAPTURE_RE, WINDOW_RE
 from aiflame.core.capture import read_capture
 from tests.conftest import REPO
 from tests.integration.test_runtime_nccl import _libnccl

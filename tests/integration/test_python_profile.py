@@ -174,4 +174,68 @@ def test_interpreter_embedded_in_a_c_program(tmp_path: Path) -> None:
     subprocess.run(["gcc", "-o", str(exe), str(src), *flags, *libs, f"-Wl,-rpath,{prefix}/lib"], check=True)
     aiflame("profile", "-q", "-F", "199", "-o", str(tmp_path / "o"), "--", str(exe))
     folded = (tmp_path / "o" / "profile.folded").read_text()
-    assert "embed;py::<module> (<string>:" in folded and ";py::hot (<string>:" in folded, folded[:2000]
+    # The C program's own main stays above the Python frames, with the native path it took into Python.
+    assert ";main;PyRun_SimpleStringFlags;" in folded and ";PyEval_EvalCode;py::<module> (<string>:" in folded, \
+        folded[:2000]
+    assert ";py::hot (<string>:" in folded, folded[:2000]
+
+
+WORKERS = """\
+import multiprocessing as mp, sys, time
+
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+def spin_fork(seconds):
+    spin(seconds)
+
+def spin_spawn(seconds):
+    spin(seconds)
+
+def spin_forkserver(seconds):
+    spin(seconds)
+
+if __name__ == "__main__":
+    workers = [mp.get_context(m).Process(target=f, args=(2.0,))
+               for m, f in (("fork", spin_fork), ("spawn", spin_spawn), ("forkserver", spin_forkserver))]
+    for w in workers:
+        w.start()
+    spin(2.0)
+    for w in workers:
+        w.join()
+    sys.exit(max(abs(w.exitcode or 0) for w in workers))
+"""
+
+
+@pytest.mark.parametrize("python", INTERPRETERS, ids=lambda p: p.split("/")[-3] if "pyenv" in p else "debian")
+def test_forked_and_spawned_workers_have_python_frames(python: str, tmp_path: Path) -> None:
+    """multiprocessing workers (fork: no exec, the parent's interpreter image; spawn and forkserver: a new
+    interpreter) are walked like the parent: while a worker runs its target, every sample shows it."""
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    aiflame("profile", "-q", "-F", "199", "-o", str(tmp_path / "o"), "--", python, str(script))
+    cap = read_capture(tmp_path / "o" / "profile.aiflame")
+    prof = symbolize_capture(cap, options=StackOptions(group="none", python="python"))
+    parent = cap.samples[0].pid
+    for method in ("fork", "spawn", "forkserver"):
+        fn = f"spin_{method}"
+        counts = Counter(s.pid for s in prof.samples if any(f.name == fn for f in s.stack))
+        # The worker is the process that ran it. (A sample of the parent's start-up can carry the name: code
+        # objects are read at the next drain, ~0.1 s on, and a start-up code object freed by then may have given
+        # its address to this one. One sample, never a run of them.)
+        pid, _n = counts.most_common(1)[0]
+        assert pid != parent, (method, counts)
+        mine = sorted((s for s in prof.samples if s.pid == pid and s.tid == pid), key=lambda s: s.time_ns)
+        hits = [i for i, s in enumerate(mine) if any(f.name == fn for f in s.stack)]
+        # Between the first and the last sample in its target the worker does nothing else.
+        window = mine[hits[0] : hits[-1] + 1]
+        raw = {(r.pid, r.tid, r.time_ns): r for r in cap.samples}
+        misses = [(raw[(s.pid, s.tid, s.time_ns)].py_flags, len(raw[(s.pid, s.tid, s.time_ns)].py),
+                   [f.name for f in s.stack]) for s in window if not any(f.name == fn for f in s.stack)]
+        assert len(hits) >= 20 and len(hits) >= 0.95 * len(window), (method, len(hits), len(window), misses[:5])
+    # The merged view keeps them (the interpreter's own frames fold into the Python frames, never the reverse).
+    merged = symbolize_capture(cap, options=StackOptions(group="none"))
+    names = {f.name for s in merged.samples for f in s.stack}
+    assert {"spin_fork", "spin_spawn", "spin_forkserver", "spin"} <= names

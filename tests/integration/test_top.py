@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from aiflame.agent.session import _proc_state
+from aiflame.agent.procs import status as proc_status
 from tests.conftest import REPO
 
 HOT = "import time\ndef top_hot_fn():\n    while True: pass\ntop_hot_fn()\n"
@@ -72,8 +73,8 @@ def test_top_shows_the_hot_function_and_quits(quit_key: bytes) -> None:
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, rest[-2000:])
         assert "Traceback" not in shown + rest
         os.close(fd)
-        state = _proc_state(target.pid)
-        assert state in ("R", "S"), state  # never left stopped
+        state = proc_status(target.pid)
+        assert state in (psutil.STATUS_RUNNING, psutil.STATUS_SLEEPING), state  # never left stopped
     finally:
         target.send_signal(signal.SIGKILL)
         target.wait()

@@ -8,9 +8,9 @@ from aiflame.agent.kernel.sampler import SamplerConfig
 
 def test_each_warning_is_reported_once() -> None:
     c = Collector(SamplerConfig(), runtimes=False, label="t")
-    c.python.warnings.extend(["pid 1: no interpreter", "pid 1: no interpreter"])
-    c._code_warnings.append("no cubin for kernel k")
+    c.pipeline.python.warnings.extend(["pid 1: no interpreter", "pid 1: no interpreter"])
+    c.code_warnings.append("no cubin for kernel k")
     assert c._new_warnings() == ["pid 1: no interpreter", "no cubin for kernel k"]
     assert c._new_warnings() == []
-    c.python.warnings.append("pid 2: no interpreter")
+    c.pipeline.python.warnings.append("pid 2: no interpreter")
     assert c._new_warnings() == ["pid 2: no interpreter"]

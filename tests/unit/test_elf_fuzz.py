@@ -13,6 +13,7 @@ from aiflame.core.model import Frame
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
+from aiflame.symbolize.objfmt.ehframe import function_starts
 from aiflame.symbolize.objfmt.elf import ElfFile, read_build_id
 from tests.unit.elf_builders import Built, get_built
 
@@ -54,6 +55,9 @@ def exercise(path: Path) -> None:
             table = LineTable(elf)  # never raises: bad DWARF switches line info off
             for s in funcs[:20]:
                 table.lookup(s.addr)
+            starts = function_starts(elf)
+            for s in funcs[:20]:
+                starts.find(s.addr)
     except SymbolizeError as e:
         assert str(e) and "\n" not in str(e)
 
@@ -118,6 +122,7 @@ def test_corrupt_anywhere_never_breaks_the_symbolizer(
     s = NativeSymbolizer(cache_dir=str(work / "cache"), debug_dirs=())
     out = s.symbolize(str(path), None, offsets)
     assert set(out) == set(offsets) and all(isinstance(f, Frame) for f in out.values())
+    assert all(f.name and f.name != "[unknown]" for f in out.values())
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from aiflame.core.model import Frame, FrameKind
+from aiflame.symbolize import cache as cache_mod
 from aiflame.symbolize import native as native_mod
 from aiflame.symbolize.cache import SymbolCache
 from aiflame.symbolize.errors import SymbolizeError
@@ -99,18 +100,21 @@ def test_shared_library(built: Built, sym: NativeSymbolizer) -> None:
 def test_stripped_library_exports_only(built: Built, sym: NativeSymbolizer) -> None:
     off = offset_of(built.lib_stripped, "lib_exported", 5, symbols_from=built.lib)
     assert one(sym, built.lib_stripped, off) == Frame("lib_exported", NATIVE, "libdemo_stripped.so")
-    priv = one(
-        sym, built.lib_stripped, offset_of(built.lib_stripped, "lib_private", 2, symbols_from=built.lib)
-    )
-    assert priv == Frame(
-        "[unknown]", UNKNOWN, "libdemo_stripped.so"
-    )  # static: not in .dynsym, nothing before it
+    # static: not in .dynsym. Named by its module and where its function starts (from the unwind table), so
+    # every address inside it gives the same frame.
+    start = offset_of(built.lib_stripped, "lib_private", 0, symbols_from=built.lib)
+    for delta in (0, 2, 5):
+        priv = one(
+            sym, built.lib_stripped, offset_of(built.lib_stripped, "lib_private", delta, symbols_from=built.lib)
+        )
+        assert priv == Frame(f"libdemo_stripped.so+{start:#x}", UNKNOWN, "libdemo_stripped.so")
 
 
 def test_stripped_executable_without_debug_file(built: Built, sym: NativeSymbolizer) -> None:
     off = offset_of(built.prog_stripped, "add_numbers", 4, symbols_from=built.prog)
     f = one(sym, built.prog_stripped, off, built.build_ids["prog"])
-    assert f == Frame("[unknown]", UNKNOWN, "prog_stripped")
+    start = offset_of(built.prog_stripped, "add_numbers", 0, symbols_from=built.prog)
+    assert f == Frame(f"prog_stripped+{start:#x}", UNKNOWN, "prog_stripped")
 
 
 @pytest.mark.parametrize("binary", ["prog_linked", "prog_linked_sub"])
@@ -145,7 +149,8 @@ def test_debug_file_alone_when_binary_is_gone(built: Built, tmp_path: Path) -> N
 
 def test_build_id_mismatch_ignores_the_file(built: Built, sym: NativeSymbolizer) -> None:
     off = offset_of(built.prog, "add_numbers", 4)
-    assert one(sym, built.prog, off, "00" * 20) == Frame("[unknown]", UNKNOWN, "prog")
+    # No file to read the unwind table from: the offset itself.
+    assert one(sym, built.prog, off, "00" * 20) == Frame(f"prog+{off:#x}", UNKNOWN, "prog")
 
 
 def test_cpp_names_are_demangled_and_short(built: Built, sym: NativeSymbolizer) -> None:
@@ -170,7 +175,9 @@ def test_unknown_offsets_keep_their_module(built: Built, sym: NativeSymbolizer) 
     offs = [10**9, section_offset(built.prog, ".rodata"), -5, 0]
     frames = sym.symbolize(str(built.prog), None, offs)
     assert set(frames) == set(offs)
-    assert all(f == Frame("[unknown]", UNKNOWN, "prog") for f in frames.values())
+    # Outside every function: named by the offset itself.
+    assert frames == {o: Frame(native_mod.offset_name("prog", o), UNKNOWN, "prog") for o in offs}
+    assert frames[-5].name == "prog-0x5" and frames[0].name == "prog+0x0"
 
 
 @pytest.mark.parametrize("kind", ["missing", "directory", "text", "empty"])
@@ -183,7 +190,7 @@ def test_unreadable_binary_gives_unknowns(tmp_path: Path, sym: NativeSymbolizer,
     elif kind == "empty":
         path.write_bytes(b"")
     frames = sym.symbolize(str(path), "ab" * 20 if kind == "missing" else None, [1, 2, 0x1000])
-    assert frames == dict.fromkeys([1, 2, 0x1000], Frame("[unknown]", UNKNOWN, "libgone.so"))
+    assert frames == {o: Frame(f"libgone.so+{o:#x}", UNKNOWN, "libgone.so") for o in (1, 2, 0x1000)}
 
 
 def test_binary_that_appears_later_is_symbolized(built: Built, tmp_path: Path, sym: NativeSymbolizer) -> None:
@@ -284,7 +291,7 @@ def test_corrupt_cache_is_ignored_and_rewritten(built: Built, tmp_path: Path) ->
             json.dumps(
                 {
                     "format": "aiflame-symbols",
-                    "version": 1,
+                    "version": cache_mod.VERSION,
                     "key": bid,
                     "names": [],
                     "files": [],
@@ -336,4 +343,4 @@ def test_parse_errors_give_unknowns(
         raise SymbolizeError("prog: broken")
 
     monkeypatch.setattr(native_mod._Binary, "resolve", broken)
-    assert one(sym, built.prog, 0x1000) == Frame("[unknown]", UNKNOWN, "prog")
+    assert one(sym, built.prog, 0x1000) == Frame("prog+0x1000", UNKNOWN, "prog")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiflame.core.model import Frame, FrameKind
 from aiflame.core.raw import RawPyFrame
-from aiflame.symbolize.python.merge import merge, python_runs
+from aiflame.symbolize.python.merge import fold_interpreter, merge, python_runs
 
 
 def n(name: str) -> Frame:
@@ -66,3 +66,45 @@ def test_mismatched_counts_on_complete_stack_are_marked() -> None:
 def test_no_python_frames_leaves_native_alone() -> None:
     native = [n("_start"), n("main")]
     assert merge(native, [], py_name).stack == tuple(native)
+
+
+def _interp(name: str, kind: FrameKind = FrameKind.NATIVE) -> Frame:
+    return Frame(name, kind, module="python3.11")
+
+
+def test_fold_drops_the_interpreter_frames_below_python_frames() -> None:
+    stack = [
+        _interp("_start"), Frame("__libc_start_main", module="libc.so.6"), _interp("Py_BytesMain"),
+        Frame("main", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall"),
+        _interp("python3.11+0x10a5f0", FrameKind.UNKNOWN),
+        Frame("step", FrameKind.PYTHON), _interp("cfunction_call"),
+        Frame("at::add", FrameKind.NATIVE_CPP, "libtorch_cpu.so"),
+        _interp("PyGILState_Ensure"), _interp("take_gil"), Frame("futex_wait", FrameKind.KERNEL, "[kernel]"),
+    ]
+    folded = fold_interpreter(stack, "python3.11")
+    # rootward of the first Python frame, the native path into Python stays as the unwinder found it
+    assert [f.name for f in folded] == ["_start", "__libc_start_main", "Py_BytesMain", "main", "step", "at::add",
+                                        "PyGILState_Ensure", "take_gil", "futex_wait"]
+
+
+def test_fold_keeps_other_code_that_calls_into_python() -> None:
+    lib = "libtorch_cpu.so"
+    stack = [Frame("clone3", module="libc.so.6"), Frame("start_thread", module="libc.so.6"),
+             Frame("Engine::thread_main", FrameKind.NATIVE_CPP, lib), _interp("PyObject_Call"),
+             _interp("thread_run"), Frame("hook", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall")]
+    assert [f.name for f in fold_interpreter(stack, "python3.11")] == [
+        "clone3", "start_thread", "Engine::thread_main", "PyObject_Call", "thread_run", "hook"]
+
+
+def test_fold_keeps_builtins_users_recognize() -> None:
+    stack = [Frame("loop", FrameKind.PYTHON), _interp("time_sleep"), _interp("gc_collect_main"),
+             _interp("visit_decref")]
+    assert [f.name for f in fold_interpreter(stack, "python3.11")] == ["loop", "time_sleep", "gc_collect_main"]
+
+
+def test_fold_leaves_stacks_without_python_frames_and_other_modules_alone() -> None:
+    no_python = [_interp("_start"), _interp("python3.11+0x10a5f0", FrameKind.UNKNOWN)]
+    assert fold_interpreter(no_python, "python3.11") == tuple(no_python)
+    other = [Frame("f", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall")]
+    assert fold_interpreter(other, "libpython3.11.so.1.0") == tuple(other)
+    assert fold_interpreter(other, "") == tuple(other)

@@ -83,7 +83,7 @@ def _capture() -> Capture:
     ]  # pid 30 has no snapshot at all
     cap.kernel_symbols = {0xFFFF1: "do_syscall_64"}
     cap.py_runtimes = [PyRuntimeInfo(10, "3.10.12", "table", "/usr/bin/python3"),
-                       PyRuntimeInfo(40, "3.12.1", "table", "/usr/bin/python3.12")]
+                       PyRuntimeInfo(40, "3.12.1", "table", LIB)]  # pid 40's interpreter frames fold
     cap.py_codes = [_code(10, 0xC1, 0, "f", (3, 10)), _code(10, 0xC1, CODE_REUSE, "g", (3, 10)),
                     _code(10, 0xC2, 0, "h", (3, 10)),
                     _code(40, 0xC1, 0, "f12", (3, 12)), _code(40, 0xC2, 0, "h12", (3, 12))]
@@ -115,7 +115,7 @@ def _symbolize(cap: Capture, opts: StackOptions, dedupe: bool, monkeypatch: pyte
 
 
 OPTIONS = [StackOptions(*o) for o in itertools.product(("none", "process", "thread"), (True, False), (True, False),
-                                                       ("merged", "python", "native"))]
+                                                       ("merged", "python", "native"), (False, True))]
 
 
 @pytest.mark.parametrize("opts", OPTIONS, ids=repr)
@@ -145,7 +145,8 @@ def test_equal_raw_samples_share_one_stack_object(monkeypatch: pytest.MonkeyPatc
 def test_same_address_names_by_snapshot_and_code_object_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
     cap = _capture()
     cap.samples = [RawSample(t, 10, 11, 0, "w", TWO_EVAL, (), py=PY310, py_flags=PyFlag.TSTATE) for t in TIMES] * 2
-    prof = _symbolize(cap, StackOptions(group="none", kernel=False), True, monkeypatch)
+    # Every native frame shown (--native-interp), so the stack's shape is the merge's alone.
+    prof = _symbolize(cap, StackOptions(group="none", kernel=False, native_interp=True), True, monkeypatch)
     leaf = {s.time_ns: (s.stack[-1].name, s.stack[3].name) for s in prof.samples}
     assert leaf == {50: ("app_leaf", "f"), 60: ("app_leaf", "f"), 200: ("app_leaf", "f"), 500: ("app_leaf", "g"),
                     600: ("app_leaf", "g"), 1000: ("other_leaf", "g"), 1600: ("app_leaf@b2", "g")}
@@ -172,5 +173,14 @@ def test_chains_that_break_alike_share_a_stack(monkeypatch: pytest.MonkeyPatch) 
     garbage = [(LEAF, EVAL_RET, 0x9999999, x, START_RET) for x in (0x1234, START_RET, 0x8888888)]
     cap.samples = [RawSample(50, 10, 11, 0, "w", user, ()) for user in garbage]
     prof = _symbolize(cap, StackOptions(group="none", kernel=False), True, monkeypatch)
-    assert [f.name for f in prof.samples[0].stack] == ["[unknown]", EVAL, "app_leaf"]
+    assert [f.name for f in prof.samples[0].stack] == ["[unwind stopped]", EVAL, "app_leaf"]
     assert all(s.stack is prof.samples[0].stack for s in prof.samples)
+
+
+def test_interpreter_frames_fold_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    cap = _capture()
+    cap.samples = [RawSample(50, 40, 41, 0, "w", TWO_EVAL, (), py=PY312, py_flags=PyFlag.TSTATE)]
+    folded = _symbolize(cap, StackOptions(group="none", kernel=False), True, monkeypatch)
+    shown = _symbolize(cap, StackOptions(group="none", kernel=False, native_interp=True), True, monkeypatch)
+    assert [f.name for f in folded.samples[0].stack] == ["_start", "h12", "f12", "app_leaf"]
+    assert [f.name for f in shown.samples[0].stack] == ["_start", "h12", "PyObject_Call", "f12", "app_leaf"]

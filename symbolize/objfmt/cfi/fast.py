@@ -85,7 +85,10 @@ def _compile(so: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-cfi_fast-", suffix=".so", dir=os.path.dirname(so))
     os.close(fd)
     try:
-        proc = subprocess.run(["cc", *_C_FLAGS, "-o", tmp, _C_SOURCE], capture_output=True, text=True, timeout=120)
+        # -pipe and TMPDIR in the cache directory: under the daemon's unit the rest of the file system is read-only
+        env = {**os.environ, "TMPDIR": os.path.dirname(so)}
+        proc = subprocess.run(["cc", "-pipe", *_C_FLAGS, "-o", tmp, _C_SOURCE], capture_output=True, text=True,
+                              timeout=120, env=env)
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["?"])[0]
             raise CfiError(f"cc failed on {_C_SOURCE}: {first}")

@@ -1,5 +1,5 @@
-"""Discovery's pure parts (accelerator runtimes in /proc maps, selectors) and the output tree: atomic
-publication, and retention that deletes the oldest windows and nothing else."""
+"""Discovery: accelerator runtimes in /proc maps and the selectors (pure), and scans of this host's real
+processes that check what is read, and when."""
 
 from __future__ import annotations
 
@@ -8,20 +8,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.daemon.config import WatchConfig
 from aiflame.agent.daemon.discovery import Discovery, ProcInfo, Selector, accelerator_runtimes
-from aiflame.agent.daemon.windows import (
-    WINDOW_RE,
-    OutputDirs,
-    Stored,
-    enforce_count,
-    enforce_retention,
-    plan_retention,
-)
 
 MAPS = """\
 55d0c0a00000-55d0c0a01000 r-xp 00000000 08:01 123 /usr/bin/python3.11
@@ -104,9 +97,9 @@ def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.M
         reads = _count_reads(monkeypatch)
         d.scan(now=100.0 + d.recheck_s + 1)
         assert (idle.pid, True) not in reads  # looked at again, same size: maps not read
-        pages = discovery.vm_pages(idle.pid)
-        assert pages
-        monkeypatch.setattr(discovery, "vm_pages", lambda pid: pages + 1 if pid == idle.pid else None)
+        size = discovery.vm_size(psutil.Process(idle.pid))
+        assert size
+        monkeypatch.setattr(discovery, "vm_size", lambda proc: size + 1 if proc.pid == idle.pid else None)
         d.scan(now=100.0 + 2 * (d.recheck_s + 1))
         assert (idle.pid, True) in reads  # it grew: maybe a library was loaded
     finally:
@@ -114,17 +107,14 @@ def test_discovery_rereads_maps_only_when_the_size_changed(monkeypatch: pytest.M
         idle.wait()
 
 
-
 def test_discovery_looks_again_sooner_at_young_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Found in CI: a Python job scanned between its exec and its import of the runtime was not looked at again for
     10 s, and a job shorter than that was never watched. A process is re-checked after half its age, at most
     `recheck_s`: at once when it just started, every 10 s when it is old."""
-    from aiflame.agent.daemon import discovery
-
     young = subprocess.Popen(["sleep", "60"])
     try:
         time.sleep(0.2)
-        uptime = discovery._uptime_s()
+        wall = time.time()
         d = Discovery(Selector(WatchConfig(accelerators=True)))
         d.scan(now=100.0)
         reads = _count_reads(monkeypatch)
@@ -132,8 +122,11 @@ def test_discovery_looks_again_sooner_at_young_processes(monkeypatch: pytest.Mon
         checked = [pid for pid, _ in reads]
         assert young.pid in checked
         for pid in checked:
-            start = discovery.start_time(pid)
-            assert start is None or uptime - start / discovery.CLK_TCK < 3, pid
+            try:
+                created = psutil.Process(pid).create_time()
+            except psutil.NoSuchProcess:
+                continue
+            assert wall - created < 3, pid
         # Processes that wait (kernel threads wait far longer and are left out).
         old = [p for p in d._seen if p not in checked and d._seen[p].next_check <= 100.0 + d.recheck_s]
         assert old, "no process old enough to wait"
@@ -152,87 +145,16 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
     reads: list[tuple[int, bool]] = []
     real = discovery.read_info
 
-    def counting(pid: int, maps: bool) -> ProcInfo | None:
-        reads.append((pid, maps))
-        return real(pid, maps)
+    def counting(proc: psutil.Process, maps: bool) -> ProcInfo | None:
+        reads.append((proc.pid, maps))
+        return real(proc, maps)
 
     monkeypatch.setattr(discovery, "read_info", counting)
     return reads
+
 
 def _is_kthread(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes() == b""
     except OSError:
         return False
-
-
-def _window(parent: Path, name: str, size: int, age_s: float) -> Path:
-    d = parent / name
-    d.mkdir()
-    (d / "profile.aiflame").write_bytes(b"x" * size)
-    t = time.time() - age_s
-    os.utime(d, (t, t))
-    return d
-
-
-def test_retention_deletes_oldest_windows_and_nothing_else(tmp_path: Path) -> None:
-    out = OutputDirs(tmp_path)
-    assert out.prepare() == []
-    w = out.windows
-    old = _window(w, "20260101T000000Z-000001", 100, 10_000)
-    mid = _window(w, "20260101T000100Z-000002", 100, 50)
-    new = _window(w, "20260101T000200Z-000003", 100, 10)
-    newest = _window(w, "20260101T000300Z-000004", 100, 1)
-    foreign = w / "notes"  # not ours: never touched
-    foreign.mkdir()
-    (w / "README").write_text("keep")
-    partial = out.new_partial(w, "20260101T000400Z-000005")
-    deleted = enforce_retention(w, WINDOW_RE, time.time(), max_age_s=3600, max_bytes=250)
-    assert deleted == [old, mid]
-    assert new.exists() and newest.exists() and foreign.exists() and (w / "README").exists() and partial.exists()
-
-
-def test_retention_keeps_the_newest_even_when_over_budget() -> None:
-    stored = [Stored(Path(f"/x/{i}"), 0.0, 1000) for i in range(3)]
-    assert [s.path.name for s in plan_retention(stored, 1e9, 1.0, 10)] == ["0", "1"]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 5000)), max_size=20), st.integers(0, 20_000),
-       st.integers(1, 10_000))
-def test_retention_plan_properties(items: list[tuple[int, int]], max_bytes: int, max_age: int) -> None:
-    stored = [Stored(Path(f"/w/{i:04d}"), 100_000.0 - age, size) for i, (size, age) in enumerate(items)]
-    doomed = plan_retention(stored, 100_000.0, max_age, max_bytes)
-    kept = [s for s in stored if s not in doomed]
-    # Only what is over age, or the oldest while over budget, goes.
-    for s in doomed:
-        older_total = sum(x.size for x in stored if x.path.name >= s.path.name)
-        assert 100_000.0 - s.mtime > max_age or older_total > max_bytes
-    if stored:
-        assert stored[-1] in kept
-    over_age = [s for s in kept[:-1] if 100_000.0 - s.mtime > max_age]
-    assert not over_age
-    if len(kept) > 1:
-        assert sum(s.size for s in kept) <= max_bytes or len(kept) == 1
-
-
-def test_publish_and_crash_leftovers(tmp_path: Path) -> None:
-    out = OutputDirs(tmp_path)
-    out.prepare()
-    p = out.new_partial(out.windows, "20260101T000000Z-000001")
-    (p / "profile.aiflame").write_bytes(b"data")
-    final = out.publish(p)
-    assert final.name == "20260101T000000Z-000001" and (final / "profile.aiflame").exists()
-    out.new_partial(out.windows, "20260101T000100Z-000002")  # a crash left this behind
-    notes = OutputDirs(tmp_path).prepare()
-    assert (out.windows / "20260101T000100Z-000002-incomplete").is_dir() and len(notes) == 1
-    assert (out.windows.stat().st_mode & 0o007) == 0  # no access for others
-
-
-def test_captures_kept_by_count(tmp_path: Path) -> None:
-    from aiflame.agent.daemon.windows import CAPTURE_RE
-
-    for i in range(5):
-        (tmp_path / f"20260101T00000{i}Z-c{i:04d}").mkdir()
-    deleted = enforce_count(tmp_path, CAPTURE_RE, 2)
-    assert [d.name[-5:] for d in deleted] == ["c0000", "c0001", "c0002"]

@@ -1,5 +1,6 @@
-"""Where the daemon's output goes: rolling windows and on-demand captures, each a directory made complete
-before it becomes visible (built under a dot-name, then renamed), and retention by age and total size.
+"""The daemon's capture store: where rolling windows and on-demand captures go, each a directory made complete
+before it becomes visible (built under a dot-name, then renamed), and retention (windows by age and total size,
+captures by count).
 
 Layout under the output directory:
     windows/20260102T030405Z-000017/profile.aiflame, profile.folded
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +76,29 @@ class OutputDirs:
             shutil.rmtree(d)
         d.mkdir(mode=DIR_MODE)
         return d
+
+    def new_window(self, wall: float, seq: Iterator[int]) -> Path:
+        """The partial directory of a window that starts at `wall`, named with the next unused number of `seq`."""
+        while True:
+            name = f"{stamp(wall)}-{next(seq):06d}"
+            if not (self.windows / name).exists():
+                return self.new_partial(self.windows, name)
+
+    def new_capture(self, wall: float, seq: int) -> Path:
+        """The partial directory of on-demand capture number `seq`, started at `wall`."""
+        return self.new_partial(self.captures, f"{stamp(wall)}-c{seq:04d}")
+
+    def latest_windows(self, count: int) -> list[Path]:
+        """The newest `count` finished windows, oldest first."""
+        return [s.path for s in list_stored(self.windows, WINDOW_RE)[-count:]]
+
+    def prune_windows(self, now: float, max_age_s: float, max_bytes: int) -> list[Path]:
+        """Retention of windows (enforce_retention); returns the deleted directories."""
+        return enforce_retention(self.windows, WINDOW_RE, now, max_age_s, max_bytes)
+
+    def prune_captures(self, keep: int) -> list[Path]:
+        """Keep the newest `keep` captures; returns the deleted directories."""
+        return enforce_count(self.captures, CAPTURE_RE, keep)
 
     @staticmethod
     def publish(partial: Path) -> Path:

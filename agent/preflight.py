@@ -1,0 +1,46 @@
+"""The checks a capture makes before it starts, each failing with one user-facing line: root, the host's PID
+namespace, a live target, a writable output directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from aiflame.agent.procs import GONE, status
+from aiflame.core.errors import BadInput
+
+INIT_PID_NS = "pid:[4026531836]"  # the kernel's fixed inode of the initial PID namespace (PROC_PID_INIT_INO)
+
+
+class SessionError(BadInput):
+    """The capture cannot start; one user-facing line."""
+
+
+def check_root() -> None:
+    """Root, and a /proc that numbers processes as BPF does (the host's PID namespace)."""
+    if os.geteuid() != 0:
+        raise SessionError("must run as root (BPF and perf events need it); try sudo")
+    try:
+        ns = os.readlink("/proc/1/ns/pid")  # pid 1 of the namespace this /proc shows (psutil has no namespaces)
+    except OSError:
+        return
+    if ns != INIT_PID_NS:
+        raise SessionError("runs in a PID namespace other than the host's: BPF reports host pids, which this /proc "
+                           "does not show; run it in the host's (docker run --pid=host, Kubernetes hostPID: true)")
+
+
+def check_pid(pid: int) -> None:
+    state = status(pid)
+    if state is None:
+        raise SessionError(f"no such process: {pid}")
+    if state in GONE:
+        raise SessionError(f"process {pid} has already exited")
+
+
+def check_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SessionError(f"cannot create output directory {out_dir}: {e.strerror}") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise SessionError(f"output directory not writable: {out_dir}")

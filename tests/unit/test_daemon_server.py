@@ -1,0 +1,93 @@
+"""What the daemon itself does between its parts, with fakes for them: which processes the collector samples
+(the target limit, exits), the answers to `latest`, and the status a client sees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from aiflame.agent.daemon.config import ContinuousConfig, ControlConfig, DaemonConfig, LimitsConfig, OutputConfig
+from aiflame.agent.daemon.discovery import ProcInfo
+from aiflame.agent.daemon.protocol import LatestRequest, StatusRequest
+from aiflame.agent.daemon.server import Daemon
+
+
+class FakeDiscovery:
+    def __init__(self, new: list[ProcInfo], gone: list[int]) -> None:
+        self.new, self.gone = new, gone
+        self.targets: dict[int, ProcInfo] = {}
+        self.forgotten: list[int] = []
+
+    def scan(self) -> tuple[list[ProcInfo], list[int]]:
+        self.targets.update((i.pid, i) for i in self.new)
+        return self.new, self.gone
+
+    def forget(self, pid: int) -> None:
+        self.forgotten.append(pid)
+        self.targets.pop(pid, None)
+
+
+class FakeCollector:
+    def __init__(self, targets: list[int]) -> None:
+        self.targets = list(targets)
+        self.exited: list[int] = []
+        self.removed: list[int] = []
+        self.window_samples = 5
+        self.probed_libraries = 3
+
+    def add_target(self, pid: int) -> None:
+        self.targets.append(pid)
+
+    def remove_target(self, pid: int) -> None:
+        self.removed.append(pid)
+        self.targets.remove(pid)
+
+
+def _info(pid: int) -> ProcInfo:
+    return ProcInfo(pid, 0.0, f"job{pid}", "/bin/job", "job", "/", frozenset({"cuda"}))
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Daemon:
+    cfg = DaemonConfig(continuous=ContinuousConfig(frequency=7), output=OutputConfig(dir=tmp_path / "out"),
+                       limits=LimitsConfig(max_targets=2), control=ControlConfig(socket=tmp_path / "agent.sock"))
+    return Daemon(cfg)
+
+
+def test_scan_samples_new_targets_up_to_the_limit(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    disc = FakeDiscovery([_info(1), _info(2), _info(3)], gone=[9])
+    coll = FakeCollector([9])
+    monkeypatch.setattr(daemon, "discovery", disc)
+    monkeypatch.setattr(daemon, "collector", coll)
+    daemon._scan()
+    assert coll.removed == [9] and coll.targets == [1, 2]
+    assert disc.forgotten == [3] and daemon.too_many_targets == 1
+    coll.exited = [1, 42]  # a target and a child of one
+    daemon._handle_exits(coll.exited)
+    assert disc.forgotten == [3, 1, 42] and coll.exited == [] and list(disc.targets) == [2]
+
+
+def test_latest_windows_and_status(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon.out.prepare()
+    for name in ("20260101T000000Z-000001", "20260101T000100Z-000002"):
+        (daemon.out.windows / name).mkdir()
+    latest = daemon._handle(LatestRequest(1))
+    assert latest.data == {"windows": [str(daemon.out.windows / "20260101T000100Z-000002")]}
+    disc = FakeDiscovery([], [])
+    disc.targets[1] = _info(1)
+    monkeypatch.setattr(daemon, "discovery", disc)
+    monkeypatch.setattr(daemon, "collector", FakeCollector([1, 2]))
+    monkeypatch.setattr(daemon, "windows", SimpleNamespace(written=4, samples=100, lost={"lost": 2}))
+    monkeypatch.setattr(daemon, "captures", SimpleNamespace(written=1, running=False))
+    daemon.status.publish(daemon._status())
+    monkeypatch.setattr(daemon.status, "_wait_s", 0.01)  # no main loop here: the client gets the last status
+    s = daemon._handle(StatusRequest()).data
+    assert s["pid"] == os.getpid() and s["frequency_hz"] == 7 and s["target_count"] == 2
+    assert s["targets"] == [{"pid": 1, "comm": "job1", "runtimes": ["cuda"], "via": "selector"},
+                            {"pid": 2, "comm": "", "runtimes": [], "via": "child"}]
+    assert s["windows_written"] == 4 and s["samples_total"] == 105 and s["counters"] == {"lost": 2}
+    assert s["captures_written"] == 1 and s["probed_libraries"] == 3 and s["rss_mb"] > 0
+    assert s["agent_cpu_s"] >= 0
