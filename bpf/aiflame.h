@@ -27,7 +27,7 @@ enum aiflame_counter {
     CNT_USTACK_ERR = 2,   /* user stack lookup failed */
     CNT_KSTACK_ERR = 3,   /* kernel stack lookup failed */
     CNT_PROC_LOST = 4,    /* fork/exec/exit records dropped */
-    CNT_TARGETS_FULL = 5, /* a child could not be followed: target map full */
+    CNT_TARGETS_FULL = 5, /* a child could not be followed: children map full */
     CNT_PY_TRUNCATED = 6, /* Python stack deeper than AIFLAME_MAX_PY_FRAMES */
     CNT_PY_READ_ERR = 7,  /* a Python frame could not be read (page not resident, torn state) */
     CNT_CALL_LOST = 8,    /* runtime call or return records dropped: ring buffer full */

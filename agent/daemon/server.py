@@ -31,7 +31,7 @@ from aiflame.agent.daemon.errors import DaemonError
 from aiflame.agent.daemon.exports import ExportWorker
 from aiflame.agent.daemon.protocol import LatestRequest, Request, Response, StatusRequest
 from aiflame.agent.daemon.rolling import RollingWindows
-from aiflame.agent.daemon.signals import LoopSignals
+from aiflame.agent.daemon.signals import LoopSignals, controlling_tty
 from aiflame.agent.daemon.status import StatusBoard
 from aiflame.agent.daemon.store import FILE_UMASK, OutputDirs
 from aiflame.agent.kernel.sampler import SamplerConfig
@@ -183,8 +183,10 @@ class Daemon:
                 log.warning("target limit reached pid=%d comm=%s limit=%d", info.pid, info.comm,
                             self.cfg.limits.max_targets)
                 continue
+            if not self.collector.add_target(info.pid):
+                self.discovery.forget(info.pid)  # tried again at the next scan: there may be room by then
+                continue
             log.info("watching pid=%d comm=%s runtimes=%s", info.pid, info.comm, ",".join(sorted(info.runtimes)))
-            self.collector.add_target(info.pid)
 
     def _handle_exits(self, exited: list[int]) -> None:
         """Exits a collector saw (`exited` is emptied): discovery forgets them before its next scan."""
@@ -269,6 +271,7 @@ class Daemon:
             "exports_skipped": self.exports.skipped if self.exports else 0,
             "agent_cpu_s": round(cpu, 3), "agent_cpu_pct": round(100 * cpu / elapsed, 3) if elapsed else 0.0,
             "rss_mb": round(own_rss_bytes() / (1 << 20), 1), "targets_over_limit": self.too_many_targets,
+            "targets_refused": c.targets_refused, "controlling_tty": controlling_tty(),
         }
 
 

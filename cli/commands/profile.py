@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tgt = p.add_argument_group("target")
     tgt.add_argument("-p", "--pid", type=int, help="profile this running process and all its threads")
     tgt.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: start CMD and follow its children")
+    tgt.add_argument("--keep-running", action="store_true",
+                     help="with -- CMD: leave the command running when profile ends or is killed (by default it "
+                          "gets SIGTERM then)")
     smp = p.add_argument_group("sampling")
     smp.add_argument("-d", "--duration", type=argtypes.positive_float,
                      help="seconds to capture (default: until exit/Ctrl-C)")
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
     cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
                         sampler=sampler, argv=["aiflame", *args.argv], runtimes=not args.no_runtimes,
-                        gpu_samples=not args.no_gpu_samples,
+                        gpu_samples=not args.no_gpu_samples, keep_running=args.keep_running,
                         cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,
                                            max_stream_bytes=args.gpu_stream_limit))
     console = Console()

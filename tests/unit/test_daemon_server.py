@@ -37,9 +37,11 @@ class FakeCollector:
         self.removed: list[int] = []
         self.window_samples = 5
         self.probed_libraries = 3
+        self.targets_refused = 0
 
-    def add_target(self, pid: int) -> None:
+    def add_target(self, pid: int) -> bool:
         self.targets.append(pid)
+        return True
 
     def remove_target(self, pid: int) -> None:
         self.removed.append(pid)
