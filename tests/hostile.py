@@ -258,3 +258,41 @@ def longest_stop(pid: int, seconds: float) -> float:
             since = None
         time.sleep(0.02)
     return longest
+
+
+class MemoryCgroup:
+    """A memory cgroup limited to `limit` bytes, for a process to run under as a unit's MemoryMax= puts it: cgroup
+    v2 where the memory controller is on, else v1 (this CI machine kind). `enter()` is a preexec_fn."""
+
+    def __init__(self, limit: int) -> None:
+        v2 = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified").is_dir() else Path("/sys/fs/cgroup")
+        name = f"aiflame-test-{os.getpid()}-{time.monotonic_ns()}"
+        controllers = v2 / "cgroup.controllers"
+        if controllers.exists() and "memory" in controllers.read_text().split():
+            self.path, self.v2 = v2 / name, True
+            self.path.mkdir()
+            (self.path / "memory.max").write_text(str(limit))
+            (self.path / "memory.swap.max").write_text("0")
+        else:
+            rel = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                       if line.split(":")[1] == "memory")
+            self.path, self.v2 = Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / name, False
+            self.path.mkdir()
+            (self.path / "memory.limit_in_bytes").write_text(str(limit))
+            if (self.path / "memory.memsw.limit_in_bytes").exists():
+                (self.path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+
+    def enter(self) -> None:
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def oom_kills(self) -> int:
+        text = (self.path / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+        return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), 0)
+
+    def close(self) -> None:
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)  # its last processes are still being reaped

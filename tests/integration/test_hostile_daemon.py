@@ -1,7 +1,8 @@
 """Issue #20 against the daemon: nobody attacks a root daemon that runs as systemd runs it (a session of its own,
-no terminal), with a stand-in libcudart.so.12 so the daemon watches the attacker. One daemon serves the module;
-every attack is followed by the same checks: it still answers `status` and starts watching a new process, its peak
-RSS stays under 300 MB, no watched process stays stopped by it for 1 s. Its kill -9 comes last."""
+no terminal, in a memory cgroup limited to the unit's MemoryMax=), with a stand-in libcudart.so.12 so the daemon
+watches the attacker. One daemon serves the module; every attack is followed by the same checks: it still
+answers `status` and starts watching a new process, its peak RSS stays under 300 MB, nothing of it was OOM-killed,
+no watched process stays stopped by it for 1 s. Its kill -9 comes last."""
 
 from __future__ import annotations
 
@@ -17,12 +18,22 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.hostile import add_compressed_section, fatbin_zstd_cubin, longest_stop, rss_peak_mb
+from tests.hostile import MemoryCgroup, add_compressed_section, fatbin_zstd_cubin, longest_stop, rss_peak_mb
 from tests.integration.test_hostile import Attacker, Run
 
 RSS_LIMIT_MB = 300
 STOP_LIMIT_S = 1.0
 STATUS_LIMIT_S = 10.0  # a status answer, through a client process (its own start is most of it)
+
+
+UNIT = REPO / "deploy" / "aiflame-agent.service"
+
+
+def unit_memory_max() -> int:
+    """The unit's MemoryMax= in bytes."""
+    value = next(line.split("=", 1)[1].strip() for line in UNIT.read_text().splitlines()
+                 if line.startswith("MemoryMax="))
+    return int(value[:-1]) << {"K": 10, "M": 20, "G": 30}[value[-1]]
 
 
 class Daemon:
@@ -43,10 +54,11 @@ class Daemon:
         """))
         self.log = tmp / "daemon.log"
         self._log_f = open(self.log, "wb")
-        # As under systemd: a session of its own, no controlling terminal.
+        # As under systemd: a session of its own, no controlling terminal, the unit's memory limit.
+        self.cgroup = MemoryCgroup(unit_memory_max())
         self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config", str(self.config)],
                                      cwd=REPO, stdout=self._log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=self.cgroup.enter)
         self.wait_log("INFO started", 120)
 
     def text(self) -> str:
@@ -89,6 +101,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     if d.proc.poll() is None:
         d.proc.kill()
         d.proc.wait()
+    d.cgroup.close()
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +123,8 @@ def _still_serving(daemon: Daemon, attacker: Attacker) -> None:
     newcomer.proc.kill()
     peak = daemon.peak_rss_mb()
     print(f"daemon: status answered in {took:.2f} s, peak RSS {peak:.0f} MB")  # seen with pytest -s
-    assert peak < RSS_LIMIT_MB, peak
+    assert peak < RSS_LIMIT_MB, (peak, daemon.text()[-3000:])
+    assert daemon.cgroup.oom_kills() == 0  # neither the daemon nor its compiler nor its watchdog
 
 
 def test_thread_flood(daemon: Daemon, attacker: Attacker) -> None:
