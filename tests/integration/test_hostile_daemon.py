@@ -7,6 +7,7 @@ no watched process stays stopped by it for 1 s. Its kill -9 comes last."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -174,6 +175,13 @@ def test_no_target_stays_stopped(daemon: Daemon, attacker: Attacker) -> None:
     _still_serving(daemon, attacker)
 
 
+def test_doctor_shows_the_daemons_sandbox(daemon: Daemon) -> None:
+    r = subprocess.run([sys.executable, "-m", "aiflame", "doctor"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert "daemon unit hardening" in r.stdout and "KillMode" in r.stdout and "DevicePolicy" in r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if f"running daemon pid {daemon.proc.pid}:" in ln)
+    assert "controlling terminal none" in line and f"memory limit {unit_memory_max() >> 20} MiB" in line, line
+
 def test_kill_9_of_the_daemon_leaves_no_target_stopped(daemon: Daemon, attacker: Attacker) -> None:
     run = attacker.start("opens", attacker.home, "60")
     run.wait_for("ready")
@@ -183,3 +191,4 @@ def test_kill_9_of_the_daemon_leaves_no_target_stopped(daemon: Daemon, attacker:
     t0 = time.monotonic()
     assert longest_stop(run.pid, 5) < STOP_LIMIT_S
     assert run.opened(since=t0)
+
