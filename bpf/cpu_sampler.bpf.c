@@ -541,8 +541,10 @@ TRACEPOINT_PROBE(task, task_newtask) {
     if (!target)
         return 0;
     u32 child = args->pid;
-    if (children.update(&child, &target) != 0)
-        count(CNT_TARGETS_FULL);
+    if (children.update(&child, &target) != 0) {
+        count(CNT_TARGETS_FULL);  /* not followed: the agent is not told of it either */
+        return 0;
+    }
     emit_proc(REC_FORK, tgid, child);
     return 0;
 }

@@ -151,6 +151,19 @@ ATTACKER = textwrap.dedent(r'''
                 t.join()
         say("threads done", n)
         spin(float(args[1]))
+    elif mode == "forks":                   # many children that stay (each one followed, until the map is full)
+        n = int(args[0])
+        say("ready")
+        kids = []
+        for i in range(n):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(float(args[1]))
+                os._exit(0)
+            kids.append(pid)
+        say("forked", n)
+        for pid in kids:
+            os.waitpid(pid, 0)
     elif mode == "elf":                     # map a library carrying a compressed-section bomb
         ctypes.CDLL(args[0])
         say("ready")

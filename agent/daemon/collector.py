@@ -99,6 +99,10 @@ class Collector:
         probes = self.pipeline.probes
         return len(probes.attached) if probes else 0
 
+    def samples(self, pid: int) -> bool:
+        """Whether `pid` is sampled already (added, or a child followed since its parent was)."""
+        return pid in self.pipeline.processes.snaps
+
     def add_target(self, pid: int) -> bool:
         """Start sampling `pid` (and the children it forks from now on); False when BPF has no room for it (its
         target map full: counted in `targets_refused`, logged, and the collector goes on)."""

@@ -46,6 +46,9 @@ class Daemon:
         self.config.write_text(textwrap.dedent(f"""
             [watch]
             scan_interval_s = 0.3
+            # The attacker runs /usr/bin/python3 (comm python3); other jobs on a shared host (the venv's python,
+            # libtorch mapped) would be watched too and cost the daemon what a real torch job costs (~300 MB).
+            exclude = ["python"]
             [continuous]
             window_s = 4
             [output]
@@ -139,6 +142,21 @@ def test_thread_flood(daemon: Daemon, attacker: Attacker) -> None:
     status, _ = daemon.status()
     assert status["targets_refused"] == 0
     assert "E2BIG" not in daemon.text() and "Traceback" not in daemon.text()
+
+
+def test_fork_flood(daemon: Daemon, attacker: Attacker) -> None:
+    """1,500 children that stay, forked by a watched process (three times the daemon's 512 targets): followed in
+    a map of their own, they crowd out neither the newcomer nor anyone's share."""
+    run = attacker.start("forks", "1500", "40")
+    run.wait_for("ready")
+    assert daemon.watches(run.pid)
+    run.wait_for("forked", timeout=180)
+    time.sleep(3)  # scans judge the children (each one already followed)
+    _still_serving(daemon, attacker)
+    status, _ = daemon.status()
+    count = status["target_count"]
+    assert isinstance(count, int) and count > 512 and status["targets_over_limit"] == 0, count
+    run.proc.kill()
 
 
 def test_terminal_hijack(daemon: Daemon, attacker: Attacker) -> None:
