@@ -259,3 +259,30 @@ def test_code_object_bombs_stay_under_the_memory_limit(attacker: Attacker, tmp_p
             assert any(e.call == "__cudaRegisterFatBinary" for e in cap.events)
             assert any(e.kind == "compute" for e in cap.events)
             assert [g.kind for g in cap.gpu_code] == ["fatbin"]  # the container (13 KB), never its 1 GiB cubin
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_kill_9_of_profile_ends_its_command_unless_kept(tmp_path: Path, keep: bool) -> None:
+    """`profile -- CMD` killed -9: CMD gets SIGTERM (PR_SET_PDEATHSIG), or runs on with --keep-running."""
+    import psutil
+
+    proc = _profile("-q", "-o", str(tmp_path / "out"), *(["--keep-running"] if keep else []), "--", "sleep", "300")
+    cmd = None
+    end = time.monotonic() + 60
+    while cmd is None and time.monotonic() < end:
+        kids = [c for c in psutil.Process(proc.pid).children() if c.name() == "sleep"]
+        cmd = kids[0] if kids else None
+        time.sleep(0.2)
+    assert cmd is not None, "the command never started"
+    time.sleep(1)
+    proc.kill()
+    proc.wait()
+    try:
+        gone = cmd.wait(timeout=5) is not None or not cmd.is_running()
+    except psutil.TimeoutExpired:
+        gone = False
+    try:
+        assert gone != keep
+    finally:
+        if cmd.is_running():
+            cmd.kill()
