@@ -12,10 +12,12 @@
 
 BPF_ARRAY(probe_specs, struct probe_spec, AIFLAME_MAX_PROBES);
 BPF_PERCPU_ARRAY(call_scratch, struct call_rec, 1);
-/* (tid << 32 | probe) -> the out-pointer argument of a call in flight */
-BPF_HASH(call_outs, u64, u64, 16384);
-/* FNV-1a hashes of library paths the agent has already handled: their opens do not stop the target */
-BPF_HASH(libs_seen, u64, u8, 65536);
+/* (tid << 32 | probe) -> the out-pointer argument of a call in flight. LRU: a thread that dies inside a call
+ * leaves its entry, and a target can make many; the oldest go first. */
+BPF_TABLE("lru_hash", u64, u64, call_outs, 16384);
+/* FNV-1a hashes of library paths the agent has already handled: their opens do not stop the target. LRU: a
+ * target opening endless distinct names cannot fill it; a path evicted stops its next opener once more. */
+BPF_TABLE("lru_hash", u64, u8, libs_seen, 65536);
 BPF_ARRAY(layout_call, struct call_rec, 1);
 BPF_ARRAY(layout_ret, struct ret_rec, 1);
 BPF_ARRAY(layout_open, struct open_rec, 1);
