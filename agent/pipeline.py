@@ -19,9 +19,11 @@ from aiflame.agent.rank_env import rank_event
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import ProbeManager
 from aiflame.core.capture import CaptureWriter
+from aiflame.core.model import EventKind
 from aiflame.core.raw import PyRuntimeInfo, RawSample
 from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
+FIRST_COLLECTIVE = -1  # samples_from_ns: wait for the first collective call
 REMAP_MIN_S = 0.5  # re-read a process's maps at most this often when addresses fall outside them
 
 
@@ -109,6 +111,10 @@ class CapturePipeline:
         self.probes: ProbeManager | None = None
         self.writer: CaptureWriter | None = None
         self._samples: list[RawSample] = []  # drained from the ring, not yet written
+        # CPU samples before this CLOCK_MONOTONIC time are left out (--delay); FIRST_COLLECTIVE: until a target
+        # makes its first collective call (training has started), then from its start
+        self.samples_from_ns = 0
+        self.before_delay = 0  # samples left out so far
         self._procs: list[ProcEvent] = []
         self._env_ranked: set[int] = set()  # pids whose rank was read from their environment
 
@@ -195,6 +201,12 @@ class CapturePipeline:
         self.stats.samples += len(self._samples)
         for pid in {s.pid for s in self._samples} - self.python.procs.keys():
             self._attach_python(pid)
+        if self.samples_from_ns:  # --delay: the walker is attached meanwhile, the samples are left out
+            kept = [] if self.samples_from_ns == FIRST_COLLECTIVE else \
+                [s for s in self._samples if s.time_ns >= self.samples_from_ns]
+            self.before_delay += len(self._samples) - len(kept)
+            self.stats.samples -= len(self._samples) - len(kept)
+            self._samples[:] = kept
         for code in self.python.codes(self._samples, mono_ns()):
             writer.add_py_code(code)
         writer.add_samples(self._samples)
@@ -213,6 +225,10 @@ class CapturePipeline:
         self._refresh_mappings(((e.pid, e.user[:2]) for e in events), REMAP_MIN_S / 5)
         for py_code in self.python.codes(events, mono_ns()):
             writer.add_py_code(py_code)
+        if self.samples_from_ns == FIRST_COLLECTIVE:
+            starts = [e.start_ns for e in events if e.kind == EventKind.COLLECTIVE.value]
+            if starts:
+                self.samples_from_ns = min(starts)
         writer.add_events(events)
         self.launches.add(events)
         self.stats.events += len(events)

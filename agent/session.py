@@ -14,7 +14,7 @@ from types import FrameType
 from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.launcher import Launcher
-from aiflame.agent.pipeline import CapturePipeline, SessionStats, mono_ns
+from aiflame.agent.pipeline import FIRST_COLLECTIVE, CapturePipeline, SessionStats, mono_ns
 from aiflame.agent.preflight import SessionError, check_out_dir, check_pid, check_root
 from aiflame.agent.procs import alive, descendants, own_cpu_s
 from aiflame.agent.runtimes.manager import Attached
@@ -49,6 +49,10 @@ class SessionConfig:
     runtimes: bool = True  # probe accelerator runtimes (CUDA, NCCL, gloo, Level Zero) in the targets
     gpu_samples: bool = True  # NVIDIA stall sampling (CUPTI, in targets started with -- CMD)
     cupti: CuptiOptions = field(default_factory=CuptiOptions)  # its rate and buffer limits
+    # CPU samples from the first `delay_s` seconds are left out (start-up, imports); the targets are followed and
+    # their runtime calls recorded from the start, so kernel names and collectives stay whole.
+    delay_s: float = 0.0
+    from_first_collective: bool = False  # instead: CPU samples from the first collective call a target makes
 
 
 class Session:
@@ -115,7 +119,11 @@ class Session:
         for pid in initial:
             pipe.snapshot(pid)
         cpu0, t0 = own_cpu_s(), time.monotonic()
-        deadline = t0 + cfg.duration_s if cfg.duration_s else None
+        if cfg.from_first_collective:
+            pipe.samples_from_ns = FIRST_COLLECTIVE
+        elif cfg.delay_s:
+            pipe.samples_from_ns = mono_ns() + int(cfg.delay_s * 1e9)
+        deadline = t0 + cfg.delay_s + cfg.duration_s if cfg.duration_s else None
         while not self._stop_reason:
             tick = time.monotonic() + POLL_S
             # Library opens wake us at once (their process waits, stopped, for its probes).
@@ -140,6 +148,8 @@ class Session:
         agent_cpu = own_cpu_s() - cpu0
         pipe.write_kernel_names()
         self.stats.counters = sampler.counters()
+        if pipe.before_delay:
+            self.stats.counters["before_delay"] = pipe.before_delay
         if pipe.probes:
             self.stats.counters["calls"] = pipe.probes.calls_seen
             self.stats.counters["returns_lost"] = pipe.probes.returns_lost

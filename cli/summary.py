@@ -56,6 +56,8 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
             f"kernel-stack errors {c.get('kstack_err', 0)}")
     if c.get("proc_lost"):
         line += f"  process events lost {c['proc_lost']}"
+    if c.get("before_delay"):
+        line += f"  left out before --delay {c['before_delay']}"
     py = ""
     if c.get("python_samples"):
         py = f"python: {c['python_samples']} samples with Python frames"
