@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiflame.agent.kernel.records import PyProcRec
-from aiflame.agent.python.detect import PyTarget, PythonUnsupported, detect_python
+from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python
 from aiflame.core.python_layouts import PyLayout
 from aiflame.core.raw import PyCode, PyRuntimeInfo, RawEvent, RawSample
 from aiflame.symbolize.python.code import CodeResolver
@@ -78,6 +78,8 @@ class PythonPlugin:
         self._tries[(pid, exec_seq)] = (n + 1, now)
         try:
             t = detect_python(pid)
+        except PythonNotLoaded:
+            return None  # read between its exec and the loader: not absent, ask again
         except PythonUnsupported as e:
             if n + 1 == self.RETRIES:
                 self.warnings.append(f"{e}; its native frames are still profiled")
