@@ -356,6 +356,10 @@ class Session:
         snap = self._snaps.get(pid)
         if snap is None or not _maps_unchanged(pid, snap):
             self._snapshot(pid, self._writer)
+        # The library being opened is mapped only after this stop: the first sample that runs in it must
+        # re-read the maps at once, not REMAP_MIN_S later (the last library the loader opens, libc, would
+        # otherwise stay unknown to the unwinder for the first half second of every command).
+        self._remap_at[pid] = 0.0
         if pid not in self.python.procs:
             self._attach_python(pid, self._writer, force=True)  # before the calls it is about to make
         # Python code objects named so far must be read while the process lives (it may be about to exit).
