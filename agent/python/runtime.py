@@ -75,13 +75,16 @@ class PythonPlugin:
         now = time.monotonic()
         if not force and (n >= self.RETRIES or now - last < self.RETRY_S):
             return None
-        self._tries[(pid, exec_seq)] = (n + 1, now)
+        # A forced try does not use up the timed ones: a starting interpreter stops at every library open
+        # (and at each path the loader tries), and those tries all come before it has initialised.
+        tries = n if force else n + 1
+        self._tries[(pid, exec_seq)] = (tries, now)
         try:
             t = detect_python(pid)
         except PythonNotLoaded:
             return None  # read between its exec and the loader: not absent, ask again
         except PythonUnsupported as e:
-            if n + 1 == self.RETRIES:
+            if not force and tries == self.RETRIES:
                 self.warnings.append(f"{e}; its native frames are still profiled")
             return None
         except OSError:
