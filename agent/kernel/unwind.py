@@ -68,14 +68,17 @@ class UnwindStats:
 class UnwindTables:
     """Fills unwind_rows, unwind_rules and unwind_procs of a loaded sampler."""
 
-    def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build) -> None:
+    def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build,
+                 pool: bytearray | None = None) -> None:
+        """`pool`: the row pool's memory (tests); by default the unwind_rows map, mmapped."""
         self._rows_map = obj.maps["unwind_rows"]
         self._rules_map = obj.maps["unwind_rules"]
         self._procs = obj.maps["unwind_procs"]
         self._table_for = table_for
         self.capacity = self._rows_map.max_entries
         size = self.capacity * 8
-        self._pool = mmap.mmap(self._rows_map.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._pool: mmap.mmap | bytearray = pool if pool is not None else mmap.mmap(
+            self._rows_map.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._rules: dict[Rule, int] = {NOT_COVERED: 0}
         self._rules_map.update(_U32.pack(0), RULE.pack(*NOT_COVERED))
         self._files: dict[str, _Loaded] = {}
@@ -86,7 +89,8 @@ class UnwindTables:
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
-        self._pool.close()
+        if isinstance(self._pool, mmap.mmap):
+            self._pool.close()
 
     # --- processes ----------------------------------------------------------------------------------------
 
@@ -132,7 +136,7 @@ class UnwindTables:
 
     def _load(self, pid: int, m: Mapping) -> str:
         """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one)."""
-        path = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+        path = self._file_of(pid, m)
         try:
             with ElfFile.open(path) as elf:
                 vaddr = elf.file_offset_to_vaddr(m.file_offset)
@@ -163,6 +167,10 @@ class UnwindTables:
             self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
             return ""
         return key
+
+    def _file_of(self, pid: int, m: Mapping) -> str:
+        """Where `m`'s file is read: through the process, so it is the file mapped even if replaced on disk."""
+        return f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
 
     def _store(self, key: str, table: UnwindTable) -> bool:
         n = len(table)
