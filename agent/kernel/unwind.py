@@ -86,6 +86,7 @@ class UnwindTables:
         self._proc_keys: dict[int, list[tuple[Mapping, str]]] = {}  # pid -> its mappings and their file keys
         self._bias: dict[tuple[int, int], int] = {}  # (pid, mapping start) -> runtime minus ELF address
         self._evicted: set[str] = set()
+        self._failed: set[str] = set()  # keys of files whose table could not be built or stored: not tried again
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
@@ -153,18 +154,20 @@ class UnwindTables:
         if loaded is not None:
             loaded.used_ns = time.monotonic_ns()
             return key
-        if key in self.stats.errors:
+        if key in self._failed:
             return ""
         t0 = time.perf_counter()
         try:
             table = self._table_for(path)
         except (AiflameError, OSError) as e:
             self.stats.errors[m.path] = str(e).replace(path, m.path)
+            self._failed.add(key)
             return ""
         finally:
             self.stats.build_s += time.perf_counter() - t0
         if not self._store(key, table):
             self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
+            self._failed.add(key)
             return ""
         return key
 

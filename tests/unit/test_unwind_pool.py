@@ -179,6 +179,7 @@ def test_files_without_a_usable_table_fall_back(files: Callable[[str], str]) -> 
     huge, bad, ok = files("huge"), files("bad"), files("ok")
     for pid in (1, 2):
         p.tables.add_process(pid, [mapping(huge, 0x1000_0000), mapping(bad, 0x2000_0000), mapping(ok, 0x3000_0000)])
+    assert p.built == ["huge", "bad", "ok"]  # a failed file is not tried again (another process, a re-read)
     assert "do not fit the table pool" in p.tables.stats.errors[huge]
     assert p.tables.stats.errors[bad] == "bad: CIE pointer outside .eh_frame"
     assert [(m.first_row, m.nrows) for m in p.proc(2)] == [(0, 0), (0, 0), (0, 3)]  # frame pointers, then rows
