@@ -2,10 +2,11 @@
 bench/bench_unwind.py).
 
 perf record --call-graph dwarf copies 16 KiB of stack per sample and unwinds it in user space with the same
-.eh_frame tables; it is the independent reference. One aiflame capture runs a shell script that starts each
-workload under `perf record`, so both profilers watch the very same processes (same pid, same run) and their
-samples are compared per workload. perf prints user frames leaf first as `ADDR SYMBOL (DSO)`; only names are
-compared (Python frames are invisible to perf)."""
+.eh_frame tables; it is the independent reference. One aiflame capture runs this module as its command (main):
+it starts each workload held at its exec and attaches `perf record -p` to it, so both profilers watch the very
+same processes over the same time (perf on CLOCK_MONOTONIC, the clock of aiflame's samples) and their samples
+are compared per workload over the window both were sampling. perf prints user frames leaf first as
+`ADDR SYMBOL (DSO)`; only names are compared (Python frames are invisible to perf)."""
 
 from __future__ import annotations
 

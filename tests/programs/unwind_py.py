@@ -7,28 +7,28 @@ import threading
 import time
 
 
-def leaf(n):
+def leaf(n: int) -> int:
     total = 0
     for i in range(n):
         total += i * i
     return total
 
 
-def recurse(depth, n):
+def recurse(depth: int, n: int) -> int:
     if depth == 0:
         return leaf(n)
     return recurse(depth - 1, n) + 1
 
 
-def through_map(n):
+def through_map(n: int) -> int:
     return sum(map(leaf, [n // 4] * 4))
 
 
-def comprehension(n):
+def comprehension(n: int) -> int:
     return sum([leaf(n // 4) for _ in range(4)])
 
 
-def burn(seconds):
+def burn(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         recurse(5, 2000)
@@ -36,11 +36,11 @@ def burn(seconds):
         comprehension(2000)
 
 
-def worker(seconds):
+def worker(seconds: float) -> None:
     burn(seconds)
 
 
-def main():
+def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
     t = threading.Thread(target=worker, args=(seconds,))
     t.start()

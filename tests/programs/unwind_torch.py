@@ -8,12 +8,12 @@ import time
 import torch
 
 
-def step(x, y):
+def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     x = x + y
     return x * 0.5
 
 
-def main():
+def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 2.0
     torch.set_num_threads(1)
     x, y = torch.ones(8), torch.ones(8)
