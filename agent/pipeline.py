@@ -306,6 +306,10 @@ class CapturePipeline:
             return
         if not self.processes.unchanged(pid):
             self.snapshot(pid)
+        # The library being opened is mapped only after this stop: the first sample that runs in it must read
+        # the maps again at once (the last library the loader opens, libc, would otherwise stay unknown to the
+        # CFI unwinder for the first half second of every command).
+        self.processes.read_soon(pid)
         if pid not in self.python.procs:
             self._attach_python(pid, force=True)  # before the calls it is about to make
         # Python code objects named so far must be read while the process lives (it may be about to exit).
