@@ -260,6 +260,10 @@ class CapturePipeline:
         runtime probes look at its libraries."""
         writer = self.writer
         assert writer is not None
+        # The Python walker first: samples are taken from the moment a pid is a target, and reading the maps
+        # with their build ids can take a while (every library of a torch process); until then they lack
+        # their Python frames.
+        self._attach_python(pid)
         snap = self.processes.read(pid, mono_ns())
         if snap is None:
             return
@@ -268,8 +272,7 @@ class CapturePipeline:
             self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
             writer.add_events([env])
         self.stats.pids = len(self.processes.snaps)
-        self._attach_python(pid)  # first: every sample until then lacks its Python frames
-        if self.sampler:  # then the CFI tables (a file seen first is built: up to ~0.5 s for libtorch)
+        if self.sampler:  # the CFI tables (a file seen first is built: up to ~0.5 s for libtorch)
             self.sampler.set_mappings(pid, snap.mappings)
         if self.probes:
             self.probes.consider_process(pid, [m.path for m in snap.mappings])
