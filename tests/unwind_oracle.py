@@ -164,7 +164,8 @@ def _ours(cap: Capture, pid: int, window: tuple[int, int], native: NativeSymboli
     lo, hi = window
     samples = [s for s in cap.samples if s.pid == pid and lo <= s.time_ns <= hi]
     part = dataclasses.replace(cap, samples=samples, events=[], footer=None)
-    prof = symbolize_capture(part, native, StackOptions(group="none", kernel=False))
+    # the interpreter's native frames kept (native_interp): the test looks at the C frames between Python ones
+    prof = symbolize_capture(part, native, StackOptions(group="none", kernel=False, native_interp=True))
     return Ours([s.stack for s in prof.samples], part.samples, dict(prof.counters))
 
 

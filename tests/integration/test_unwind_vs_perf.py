@@ -28,7 +28,11 @@ from tests.unwind_oracle import (
 
 C_LEVELS = ("-O1", "-O2")
 C_CPU_S = "2.5"  # ~1,250 samples each: the 70/30 split's binomial spread is ~1.5 points per profiler
-PY_CPU_S = "0.8"  # per thread
+PY_CPU_S = "1.6"  # per thread
+# Start-up left out of the Python reach and in-place checks: a library mapped without a stop at its open (every
+# process after the first that opens it in the session) is described to the unwinder only when the agent next
+# re-reads the maps, up to agent.session.REMAP_MIN_S (0.5 s) plus a poll later; until then walks stop at it.
+PY_SETTLE_S = 1.0
 TORCH_CPU_S = "2"  # after `import torch` (~1.5 s of CPU itself)
 # C functions whose inclusive share perf and aiflame must agree on: each construct of unwind_work.c
 C_FUNCS = ("caller_a", "caller_b", "tail_entry", "tail_target", "with_alloca", "via_plt", "lib_spin", "lib_inner",
@@ -90,23 +94,28 @@ def test_c_without_frame_pointers_matches_perf(runs: dict[str, Workload], opt: s
 @pytest.mark.parametrize("python", INTERPRETERS, ids=_py_id)
 def test_python_stacks_match_perf_with_frames_in_place(runs: dict[str, Workload], python: str) -> None:
     w = runs[f"py-{_py_id(python)}"]
-    ours = w.ours.stacks
-    names = w.ours.names()
-    theirs = [list(p.frames) for p in w.perf]
-    assert len(ours) > 400 and len(theirs) > 400, (len(ours), len(theirs))
-    # As many stacks reach the outermost frame (_start, or clone3 for the thread) as perf's.
+    assert len(w.ours.stacks) > 800 and len(w.perf) > 800, (len(w.ours.stacks), len(w.perf))
+    settled = min(s.time_ns for s in w.ours.raw) + int(PY_SETTLE_S * 1e9)
+    ours = [st for st, raw in zip(w.ours.stacks, w.ours.raw, strict=True) if raw.time_ns >= settled]
+    tids = [raw.tid for raw in w.ours.raw if raw.time_ns >= settled]
+    names = [[f.name for f in st] for st in ours]
+    theirs = [list(p.frames) for p in w.perf if p.time_ns >= settled]
+    # As many stacks reach the outermost frame (_start, or clone3 for the thread) as perf's: over the whole
+    # run, and closely once the agent has described every library.
+    whole, whole_perf = share(w.ours.names(), reaches), share([list(p.frames) for p in w.perf], reaches)
     ours_reach, perf_reach = share(names, reaches), share(theirs, reaches)
-    print(f"{_py_id(python)}: reach outermost aiflame {ours_reach:.4f} perf {perf_reach:.4f}; "
-          f"{sum(1 for st in ours if any(f.kind == FrameKind.PYTHON for f in st))} with Python frames, "
-          f"{w.ours.counters.get('python_spliced', 0)} spliced; samples {len(ours)} / {len(theirs)}")
-    assert ours_reach >= perf_reach - 0.03, (ours_reach, perf_reach, w.ours.counters)
+    with_py = [st for st in w.ours.stacks if any(f.kind == FrameKind.PYTHON for f in st)]
+    print(f"{_py_id(python)}: reach outermost aiflame {whole:.4f} perf {whole_perf:.4f}, after "
+          f"{PY_SETTLE_S} s {ours_reach:.4f} / {perf_reach:.4f}; {len(with_py)} with Python frames, "
+          f"{w.ours.counters.get('python_spliced', 0)} spliced; samples {len(w.ours.stacks)} / {len(w.perf)}")
+    assert whole >= whole_perf - 0.1, (whole, whole_perf, w.ours.counters)
+    assert ours_reach >= perf_reach - 0.02, (ours_reach, perf_reach, w.ours.counters)
     # Python frames replace their evaluator frames in place: none glued at the root. (Samples before the agent
-    # attached to the starting interpreter, up to ~0.3 s of this short run, have none.)
-    with_py = [st for st in ours if any(f.kind == FrameKind.PYTHON for f in st)]
-    assert len(with_py) >= 0.5 * len(ours), (len(with_py), len(ours))
+    # attached to the starting interpreter, up to ~0.3 s, have none.)
+    assert len(with_py) >= 0.6 * len(w.ours.stacks), (len(with_py), len(w.ours.stacks))
     spliced = w.ours.counters.get("python_spliced", 0)
     assert spliced <= 0.01 * len(with_py), w.ours.counters
-    main_pid = w.ours.raw[0].pid
+    main_tid = w.ours.raw[0].pid
 
     def in_place(i: int) -> bool:
         st = ours[i]
@@ -115,12 +124,11 @@ def test_python_stacks_match_perf_with_frames_in_place(runs: dict[str, Workload]
         if not reaches(below):
             return False
         # the main thread runs its script from PyEval_EvalCode; a thread from its C entry point
-        return "PyEval_EvalCode" in below if w.ours.raw[i].tid == main_pid else len(below) >= 2
+        return "PyEval_EvalCode" in below if tids[i] == main_tid else len(below) >= 2
 
     py_idx = [i for i, st in enumerate(ours) if any(f.kind == FrameKind.PYTHON for f in st)]
     placed = sum(1 for i in py_idx if in_place(i))
-    assert placed >= 0.97 * len(py_idx), (placed, len(py_idx),
-                                          [names[i] for i in py_idx if not in_place(i)][:3])
+    assert placed >= 0.98 * len(py_idx), (placed, len(py_idx), [names[i] for i in py_idx if not in_place(i)][:3])
     # Python called back from C (map calling leaf) sits between the C frames that called it.
     both = [st for st in ours if {"through_map", "leaf"} <= {f.name for f in st if f.kind == FrameKind.PYTHON}]
 
