@@ -150,6 +150,13 @@ class Session:
         self.stats.counters = sampler.counters()
         if pipe.before_delay:
             self.stats.counters["before_delay"] = pipe.before_delay
+        uw = sampler.unwind_stats
+        table_warnings: list[str] = []
+        if uw is not None:  # what the CFI tables cost and lost: loads, evictions, files left to frame pointers
+            self.stats.counters.update({"unwind_tables": uw.tables, "unwind_tables_loaded": uw.loaded,
+                                        "unwind_tables_evicted": uw.evicted, "unwind_table_errors": len(uw.errors),
+                                        "unwind_rows": uw.rows_used})
+            table_warnings = [f"no CFI table, frame pointers only: {e}" for e in list(uw.errors.values())[:5]]
         if pipe.probes:
             self.stats.counters["calls"] = pipe.probes.calls_seen
             self.stats.counters["returns_lost"] = pipe.probes.returns_lost
@@ -165,6 +172,6 @@ class Session:
                 launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
         warnings = list(pipe.python.warnings) + (pipe.probes.warnings if pipe.probes else []) + code_warnings
-        warnings += gpu_warnings
+        warnings += gpu_warnings + table_warnings
         probed = pipe.probes.probed_files() if pipe.probes else []
         return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings, probed)

@@ -549,6 +549,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     if (!is_target(tgid))
         return 0;
     emit_proc(REC_EXEC, tgid, 0);
+    unwind_procs.delete(&tgid);  /* the old image's mappings: frame pointers until the agent reads the new ones */
     return 0;
 }
 
