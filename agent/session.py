@@ -89,7 +89,9 @@ class Session:
             try:
                 # children are followed with --pid too: a launcher's (torchrun's) workers are the job
                 initial = [root_pid] if launcher else [root_pid, *descendants(root_pid)]
-                sampler = self.pipeline.start(cfg.sampler, initial)
+                # A running process becomes a target only once its Python walker is set (_capture): until then
+                # its samples would lack their Python frames. A launched command is held until released.
+                sampler = self.pipeline.start(cfg.sampler, initial if launcher else [])
             except BaseException:
                 if launcher:
                     launcher.abort()
@@ -118,6 +120,8 @@ class Session:
             time.sleep(0.05)  # let the dynamic loader map the program's libraries
         for pid in initial:
             pipe.snapshot(pid)
+            if not launcher:
+                sampler.add_target(pid, python=pid in pipe.python.procs)
         cpu0, t0 = own_cpu_s(), time.monotonic()
         if cfg.from_first_collective:
             pipe.samples_from_ns = FIRST_COLLECTIVE
