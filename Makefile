@@ -30,6 +30,10 @@ test: setup examples ## lint, type-check, unit tests and real BPF integration te
 	$(MAKE) -s lint
 	$(PY) -m pytest tests
 
+hostile: setup examples ## issue #20's attacks by an unprivileged user, for real (part of make test too)
+	$(PY) -m pytest tests/unit/test_safe_files.py tests/unit/test_inflate.py tests/integration/test_hostile.py \
+		tests/integration/test_hostile_daemon.py tests/integration/test_unit_sandbox.py
+
 fuzz: setup examples ## property tests with fresh random examples, 1000 each (make test draws the same ones every run)
 	HYPOTHESIS_PROFILE=explore $(PY) -m pytest tests/unit -q
 
@@ -50,4 +54,4 @@ clean: ## remove build outputs (keeps .venv)
 	rm -rf out build *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	@$(MAKE) -s -C examples clean
 
-.PHONY: help setup examples demo lint test fuzz bench install-agent uninstall-agent proto clean
+.PHONY: help setup examples demo lint test hostile fuzz bench install-agent uninstall-agent proto clean

@@ -6,27 +6,35 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from aiflame.core.raw import GpuCode, RawEvent
+from aiflame.core.safe_files import FileRefused, open_regular
 from aiflame.symbolize.accel.cubin import parse_cubin
-from aiflame.symbolize.accel.fatbin import iter_entries
+from aiflame.symbolize.accel.fatbin import FatbinEntry, iter_entries, iter_file_entries
 from aiflame.symbolize.errors import SymbolizeError
 
 MAX_FATBIN_BYTES = 1 << 30
 REGISTRATIONS = ("__cudaRegisterFatBinary", "__cudaRegisterFunction")
 
 
-def _read_range(path: str, offset: int, size: int) -> bytes | None:
-    if not 0 < size <= MAX_FATBIN_BYTES:
+def _file_entries(path: str, offset: int, size: int, label: str) -> Iterator[FatbinEntry] | None:
+    """The entries of the fatbin at `offset` of the regular file a target's registration named, read one at a
+    time (nothing but a regular file is opened); None when it cannot be opened."""
+    if not 0 < size <= MAX_FATBIN_BYTES or offset < 0:
         return None
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(size)
-    except OSError:
+        fd, _st = open_regular(path)
+    except (OSError, FileRefused):
         return None
-    return data if len(data) == size else None
+
+    def entries() -> Iterator[FatbinEntry]:
+        try:
+            yield from iter_file_entries(fd, offset, label=label, limit=size)
+        finally:
+            os.close(fd)
+
+    return entries()
 
 
 def launched_cubins(events: Iterable[RawEvent], stored: dict[str, bytes]) -> tuple[list[GpuCode], list[str]]:
@@ -59,28 +67,35 @@ def launched_cubins(events: Iterable[RawEvent], stored: dict[str, bytes]) -> tup
     for key, names in wanted.items():
         reg = regs[key]
         path = reg.strs.get("fatbin_file")
+        entries: Iterator[FatbinEntry] | None
         if path:
             source = (path, reg.args.get("fatbin_file_offset", 0))
             if source in done_sources:
                 continue
             done_sources.add(source)
-            data = _read_range(path, source[1], reg.args.get("fatbin_size", 0))
             origin = path
+            entries = _file_entries(path, source[1], reg.args.get("fatbin_size", 0), _label(origin))
         else:
             data = stored.get(reg.strs.get("digest", ""))
             origin = f"memory of pid {reg.pid}"
-        if data is None:
+            entries = None if data is None else iter_entries(data, label=origin)
+        if entries is None:
             warnings.append(f"cannot read the fatbin of pid {reg.pid} ({origin}): its kernels stay unsymbolized")
             continue
-        out.extend(_cubins_with(data, names | launched_names, origin, seen, warnings))
+        out.extend(_cubins_with(entries, names | launched_names, origin, seen, warnings))
     return out, warnings
 
 
-def _cubins_with(data: bytes, names: set[str], origin: str, seen: set[str], warnings: list[str]) -> list[GpuCode]:
-    label = os.path.basename(origin) if origin.startswith("/") else origin
+def _label(origin: str) -> str:
+    return os.path.basename(origin) if origin.startswith("/") else origin
+
+
+def _cubins_with(entries: Iterator[FatbinEntry], names: set[str], origin: str, seen: set[str],
+                 warnings: list[str]) -> list[GpuCode]:
+    label = _label(origin)
     out: list[GpuCode] = []
     try:
-        for entry in iter_entries(data, label=label):
+        for entry in entries:
             if entry.kind != "elf" or entry.error or entry.digest in seen:
                 if entry.error:
                     warnings.append(f"{label}: {entry.error}")

@@ -1,8 +1,10 @@
 """`aiflame profile -- CMD`: fork the command held at a gate, so the sampler targets it before its first
-instruction, then let it run and collect its exit status."""
+instruction, then let it run and collect its exit status. The command gets SIGTERM when we end, however we end
+(PR_SET_PDEATHSIG: also killed -9), unless it is to be left running."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -10,21 +12,29 @@ import time
 
 from aiflame.agent.preflight import SessionError
 
+_PR_SET_PDEATHSIG = 1
+
 
 class Launcher:
-    """The command, forked and waiting at the gate until `release()`."""
+    """The command, forked and waiting at the gate until `release()`. `end_with_us`: it gets SIGTERM when the
+    thread that forked it ends (our exit, or a kill -9 of us)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, end_with_us: bool = True) -> None:
         exe = shutil.which(argv[0])
         if exe is None:
             raise SessionError(f"command not found: {argv[0]}")
         gate_r, gate_w = os.pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # child: wait for the go byte, then exec
             try:
                 os.close(gate_w)
                 os.close(err_r)
+                if end_with_us:
+                    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+                    if os.getppid() != parent:  # we died before it took effect
+                        os._exit(126)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 if os.read(gate_r, 1) != b"g":

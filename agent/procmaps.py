@@ -4,10 +4,13 @@ The maps are parsed here (psutil's memory_maps() has no file offsets or inodes);
 
 from __future__ import annotations
 
+import os
+
 import psutil
 
+from aiflame.core.errors import AiflameError
 from aiflame.core.raw import Mapping, ProcessSnapshot
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.safe_files import FileRefused, open_regular
 from aiflame.symbolize.objfmt.elf import read_build_id
 
 
@@ -18,20 +21,41 @@ class BuildIdCache:
         self._ids: dict[tuple[str, int, str], str] = {}
 
     def get(self, pid: int, line_dev: str, inode: int, path: str, start: int, end: int) -> str:
+        """The build id of the file mapped at start-end in `pid` ("" when it has none or cannot be read).
+        `path` is the mapping's, " (deleted)" included."""
         key = (line_dev, inode, path)
         hit = self._ids.get(key)
         if hit is not None:
             return hit
+        # map_files reaches the exact file mapped, even deleted or in another mount namespace. Its path, which the
+        # process chose, is tried only while it names that same file (device and inode of the maps line), and
+        # never for a deleted one (the name is another file's now, or nobody's).
+        candidates = [f"/proc/{pid}/map_files/{start:x}-{end:x}"]
+        if not path.endswith(" (deleted)"):
+            candidates += [f"/proc/{pid}/root{path}", path]
         bid = ""
-        # map_files reaches the exact file even if deleted or in another mount namespace.
-        for candidate in (f"/proc/{pid}/map_files/{start:x}-{end:x}", f"/proc/{pid}/root{path}", path):
+        for i, candidate in enumerate(candidates):
             try:
-                bid = read_build_id(candidate) or ""
+                bid = _build_id_of(candidate, None if i == 0 else (line_dev, inode))
                 break
-            except (OSError, SymbolizeError):
+            except (OSError, ValueError, AiflameError):
                 continue
         self._ids[key] = bid
         return bid
+
+
+def _build_id_of(path: str, expect: tuple[str, int] | None) -> str:
+    """The build id of the regular file at `path` ("" if none); with `expect` (maps-line device, inode), the
+    file must be that one."""
+    fd, st = open_regular(path)
+    try:
+        if expect is not None:
+            major, _, minor = expect[0].partition(":")
+            if (st.st_ino, os.major(st.st_dev), os.minor(st.st_dev)) != (expect[1], int(major, 16), int(minor, 16)):
+                raise FileRefused(f"{path}: not the file mapped")
+        return read_build_id(f"/proc/self/fd/{fd}") or ""
+    finally:
+        os.close(fd)
 
 
 def parse_maps(text: str) -> list[tuple[int, int, str, int, str, int, str]]:
@@ -86,7 +110,7 @@ def read_process(pid: int, time_ns: int, build_ids: BuildIdCache, exec_seq: int 
             continue
         bid = ""
         if path.startswith("/") and inode:
-            bid = build_ids.get(pid, dev, inode, path.removesuffix(" (deleted)"), lo, hi)
+            bid = build_ids.get(pid, dev, inode, path, lo, hi)
         mappings.append(Mapping(lo, hi, off, path, bid, perms))
     return ProcessSnapshot(pid, time_ns, mappings, ppid, comm, cmdline, exe, exec_seq)
 

@@ -53,6 +53,7 @@ class SessionConfig:
     # their runtime calls recorded from the start, so kernel names and collectives stay whole.
     delay_s: float = 0.0
     from_first_collective: bool = False  # instead: CPU samples from the first collective call a target makes
+    keep_running: bool = False  # with -- CMD: leave the command running when we end (else it gets SIGTERM)
 
 
 class Session:
@@ -81,7 +82,8 @@ class Session:
             check_pid(cfg.pid)
         check_out_dir(cfg.out_dir)
         self.gpu = GpuSamples(cfg.out_dir, cfg.gpu_samples, bool(cfg.command), cfg.cupti)
-        launcher = Launcher(cfg.command, self.gpu.child_env()) if cfg.command else None
+        launcher = (Launcher(cfg.command, self.gpu.child_env(), end_with_us=not cfg.keep_running) if cfg.command
+                    else None)
         old = {s: signal.signal(s, self._signal) for s in (signal.SIGINT, signal.SIGTERM)}
         root_pid = launcher.pid if launcher else cfg.pid
         assert root_pid is not None
@@ -164,6 +166,8 @@ class Session:
         if pipe.probes:
             self.stats.counters["calls"] = pipe.probes.calls_seen
             self.stats.counters["returns_lost"] = pipe.probes.returns_lost
+            self.stats.counters["stops_late"] = pipe.probes.stops_late
+            self.stats.counters["libs_seen_full"] = pipe.probes.libs_seen_full
         gpu_counters, gpu_warnings = self.gpu.finish(writer, pipe.launches.saw_runtime("cuda"),
                                                      bool(launcher and not launcher.poll()))
         self.stats.counters.update(gpu_counters)

@@ -27,13 +27,14 @@ enum aiflame_counter {
     CNT_USTACK_ERR = 2,   /* user stack lookup failed */
     CNT_KSTACK_ERR = 3,   /* kernel stack lookup failed */
     CNT_PROC_LOST = 4,    /* fork/exec/exit records dropped */
-    CNT_TARGETS_FULL = 5, /* a child could not be followed: target map full */
+    CNT_TARGETS_FULL = 5, /* a child could not be followed: children map full */
     CNT_PY_TRUNCATED = 6, /* Python stack deeper than AIFLAME_MAX_PY_FRAMES */
     CNT_PY_READ_ERR = 7,  /* a Python frame could not be read (page not resident, torn state) */
     CNT_CALL_LOST = 8,    /* runtime call or return records dropped: ring buffer full */
     CNT_OPEN_LOST = 9,    /* library-open records dropped (the target was not stopped) */
     CNT_UW_TAILCALL_FAIL = 10, /* a CFI walk could not tail-call on (its prog array empty): frame pointers used */
-    CNT_MAX = 11,
+    CNT_STOPS_UNRECORDED = 11, /* a target not stopped at a probe: the stops map was full */
+    CNT_MAX = 12,
 };
 
 /* values of the targets map (records.py TargetFlag) */

@@ -21,6 +21,13 @@
 #include "unwind.h"
 
 BPF_HASH(targets, u32, u32, AIFLAME_MAX_TARGETS);
+/* Processes forked by targets and followed here (AIFLAME_FOLLOW), apart from the targets the agent chose: a
+ * target that forks without end fills this map only, and the agent can still add the processes it finds. */
+BPF_HASH(children, u32, u32, AIFLAME_MAX_TARGETS);
+/* pid -> when a probe stopped it (SIGSTOP at a library open or exit; runtime_probes.bpf.c). The agent deletes the
+ * entry when it continues the target; the stop watchdog (agent/kernel/stop_watchdog.py) holds this map too and
+ * continues any target whose entry is older than its deadline, or every one when the agent dies. */
+BPF_HASH(stops, u32, u64, AIFLAME_MAX_TARGETS);
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 BPF_HASH(py_procs, u32, struct py_proc, 4096);
 /* tid -> its Python thread state, re-checked on every hit (threads come and go). */
@@ -60,7 +67,14 @@ static __always_inline u32 target_flags(u32 tgid) {
     return tgid != 0 ? (TARGET_ON | TARGET_PY) : 0;
 #else
     u32 *v = targets.lookup(&tgid);
-    return v ? *v : 0;
+    if (v)
+        return *v;
+#ifdef AIFLAME_FOLLOW
+    v = children.lookup(&tgid);
+    if (v)
+        return *v;
+#endif
+    return 0;
 #endif
 }
 
@@ -536,8 +550,10 @@ TRACEPOINT_PROBE(task, task_newtask) {
     if (!target)
         return 0;
     u32 child = args->pid;
-    if (targets.update(&child, &target) != 0)
-        count(CNT_TARGETS_FULL);
+    if (children.update(&child, &target) != 0) {
+        count(CNT_TARGETS_FULL);  /* not followed: the agent is not told of it either */
+        return 0;
+    }
     emit_proc(REC_FORK, tgid, child);
     return 0;
 }
@@ -562,9 +578,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     emit_proc(REC_EXIT, tgid, 0);
 #ifndef AIFLAME_ALL
     targets.delete(&tgid);
+    children.delete(&tgid);
 #endif
     py_procs.delete(&tgid);
     unwind_procs.delete(&tgid);
+    stops.delete(&tgid);
     return 0;
 }
 

@@ -24,6 +24,16 @@ BPF_ARRAY(layout_spec, struct probe_spec, 1);
 BPF_PERCPU_ARRAY(uw_call_scratch, struct uw_state, 1);
 BPF_PROG_ARRAY(uw_call_progs, 2);
 
+/* Stop the current process (SIGSTOP, delivered on its way back to user space) so the agent can act before it
+ * goes on, recording the stop first: a stop the watchdog could not know of is never made. */
+static __always_inline void stop_target(u32 tgid, u64 time_ns) {
+    if (stops.update(&tgid, &time_ns) != 0) {
+        count(CNT_STOPS_UNRECORDED);
+        return;
+    }
+    bpf_send_signal(19);
+}
+
 /* The caller's frame-pointer chain: the probed ip, then the return address of each frame from rbp up. At a
  * function's entry its caller's own return address is at sp, not on the chain (the agent inserts it from
  * args[7]). bpf_get_stack walks until a read fails, and on the hosts we measured that final fault cost ~0.9 us,
@@ -84,7 +94,7 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
         if (events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP) != 0)
             count(CNT_CALL_LOST);
         else
-            bpf_send_signal(19);
+            stop_target(rec->pid, rec->time_ns);
         return 0;
     }
     if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
@@ -269,6 +279,6 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
         count(CNT_OPEN_LOST);
         return 0;
     }
-    bpf_send_signal(19); /* SIGSTOP: delivered on the way back to user space, before the library is mapped */
+    stop_target(tgid, rec->time_ns); /* before the library is mapped */
     return 0;
 }

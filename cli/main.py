@@ -23,6 +23,7 @@ from aiflame.cli.commands import (
     gpu_symbols,
     import_,
     profile,
+    recover,
     render,
     report,
     status,
@@ -33,7 +34,7 @@ from aiflame.core.errors import AiflameError
 
 # In the order `aiflame --help` lists them.
 COMMANDS: tuple[Command, ...] = (profile, export, render, report, chakra, annotate, import_, gpu_symbols,
-                                 doctor, agent, trigger, status, top)
+                                 recover, doctor, agent, trigger, status, top)
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 

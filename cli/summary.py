@@ -87,6 +87,10 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     if c.get("calls") or c.get("call_lost"):
         console.print(f"runtime calls probed {c.get('calls', 0)}  lost {c.get('call_lost', 0)}  "
                       f"returns lost {c.get('returns_lost', 0)}")
+    held = {k: c[k] for k in ("stops_resumed_by_watchdog", "stops_late", "stops_unrecorded", "libs_seen_full",
+                              "py_procs_full", "unwind_procs_full", "targets_full") if c.get(k)}
+    if held:  # what a target did that we had to cut short (see docs/daemon.md, "Hostile targets")
+        console.print("limits reached: " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in held.items()))
 
 
 def unwind_line(prof: Profile) -> str:

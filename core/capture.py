@@ -1,7 +1,9 @@
 """The capture file: MAGIC, then varint-length-delimited `Record` protobuf messages (aiflame_capture.proto).
 
 The writer streams records as they are collected (so a long capture's memory stays bounded) and ends with a
-Footer; the reader rejects foreign, truncated or corrupt files with one clear CaptureError line.
+Footer; the reader rejects foreign, truncated or corrupt files with one clear CaptureError line. A capture cut
+short (its writer killed) is read with `partial=True`, up to its last whole record; `recover_capture` writes
+that as a complete capture (`aiflame recover`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from aiflame.core.raw import (
     RawSample,
     RawStallSample,
 )
+from aiflame.core.safe_files import FileRefused, OutputDir
 
 MAGIC = b"AIFLCAP\n"
 FORMAT_VERSION = 1
@@ -152,14 +155,23 @@ STALL_BATCH = 4096  # samples per StallSamples record: bounded records, little f
 
 
 class CaptureWriter:
-    """Streams records to `path` (written as `path.partial`, renamed on close so readers never see half a file)."""
+    """Streams records to `path` (written as `path.partial`, renamed on close so readers never see half a file).
+
+    The output directory may be a user's: both names are used relative to the directory's descriptor, the
+    partial file is created anew (O_EXCL|O_NOFOLLOW, a stale one or a symlink in its place removed first), so
+    nothing planted there redirects the write (core/safe_files.py)."""
 
     def __init__(self, path: Path, header: CaptureHeader) -> None:
         self.path = path
         self._tmp = path.with_name(path.name + ".partial")
         try:
-            self._f: BinaryIO = open(self._tmp, "wb")
+            self._dir = OutputDir.of_file(path)
+        except FileRefused as e:
+            raise CaptureError(f"cannot write {path}: {e}") from None
+        try:
+            self._f: BinaryIO = self._dir.fdopen(self._dir.create(self._tmp.name, replace=True))
         except OSError as e:
+            self._dir.close()
             raise CaptureError(f"cannot write {path}: {e.strerror}") from None
         self._f.write(MAGIC)
         self.samples_written = 0
@@ -235,7 +247,8 @@ class CaptureWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        os.replace(self._tmp, self.path)
+        self._dir.rename(self._tmp.name, self.path.name)
+        self._dir.close()
 
 
 def write_capture(path: Path, cap: Capture) -> None:
@@ -257,8 +270,21 @@ def write_capture(path: Path, cap: Capture) -> None:
     w.close(cap.footer or CaptureFooter())
 
 
-def iter_records(data: bytes, name: str = "capture") -> Iterator[pb.Record]:
-    """Decode the records of a capture held in memory; raises CaptureError on anything malformed."""
+class _Cut(CaptureError):
+    """The data ends inside a record (a capture whose writer was killed)."""
+
+
+def iter_records(data: bytes, name: str = "capture", *, partial: bool = False) -> Iterator[pb.Record]:
+    """Decode the records of a capture held in memory; raises CaptureError on anything malformed. With `partial`,
+    data that ends inside a record ends the records instead (what a killed writer leaves)."""
+    try:
+        yield from _records(data, name)
+    except _Cut:
+        if not partial:
+            raise
+
+
+def _records(data: bytes, name: str) -> Iterator[pb.Record]:
     if not data.startswith(MAGIC):
         raise CaptureError(f"{name}: not an aiflame capture (bad magic)")
     pos, n = len(MAGIC), len(data)
@@ -267,7 +293,7 @@ def iter_records(data: bytes, name: str = "capture") -> Iterator[pb.Record]:
         length = shift = 0
         while True:
             if pos >= n:
-                raise CaptureError(f"{name}: truncated at record {idx}")
+                raise _Cut(f"{name}: truncated at record {idx}")
             b = data[pos]
             pos += 1
             length |= (b & 0x7F) << shift
@@ -276,8 +302,10 @@ def iter_records(data: bytes, name: str = "capture") -> Iterator[pb.Record]:
                 break
             if shift > 63:
                 raise CaptureError(f"{name}: corrupt record length at record {idx}")
-        if length > MAX_RECORD or pos + length > n:
+        if length > MAX_RECORD:
             raise CaptureError(f"{name}: truncated at record {idx}")
+        if pos + length > n:
+            raise _Cut(f"{name}: truncated at record {idx}")
         rec = pb.Record()
         try:
             rec.ParseFromString(data[pos:pos + length])
@@ -292,8 +320,10 @@ def _pb_mapping(m: pb.Mapping) -> Mapping:
     return Mapping(m.start, m.end, m.file_offset, m.path, m.build_id, m.perms)
 
 
-def read_capture(path: Path) -> Capture:
-    """Read a whole capture file; CaptureError for missing, foreign, newer, truncated or corrupt files."""
+def read_capture(path: Path, *, partial: bool = False) -> Capture:
+    """Read a whole capture file; CaptureError for missing, foreign, newer, truncated or corrupt files. With
+    `partial`, a capture cut short (no footer, a last record cut off) reads up to its last whole record, with
+    `footer` None."""
     name = str(path)
     try:
         data = Path(path).read_bytes()
@@ -302,7 +332,7 @@ def read_capture(path: Path) -> Capture:
     except OSError as e:
         raise CaptureError(f"{name}: {e.strerror}") from None
     cap: Capture | None = None
-    for i, rec in enumerate(iter_records(data, name)):
+    for i, rec in enumerate(iter_records(data, name, partial=partial)):
         which = rec.WhichOneof("body")
         if i == 0:
             if which != "header":
@@ -355,9 +385,33 @@ def read_capture(path: Path) -> Capture:
     if cap is None:
         raise CaptureError(f"{name}: empty capture")
     if cap.footer is None:
-        raise CaptureError(f"{name}: truncated capture (no footer; the capture did not finish)")
+        if partial:
+            return cap
+        raise CaptureError(f"{name}: truncated capture (no footer; the capture did not finish): "
+                           f"`aiflame recover {name}` writes what it holds as a complete capture")
     if cap.footer.samples != len(cap.samples):
         raise CaptureError(
             f"{name}: corrupt capture ({len(cap.samples)} samples, footer says {cap.footer.samples})"
         )
+    return cap
+
+
+def recover_capture(src: Path, dst: Path) -> Capture:
+    """Write what the capture at `src` holds (its writer killed: no footer, perhaps a last record cut off) as a
+    complete capture at `dst`, with a footer saying so (stop reason "recovered", its end the last record's
+    time); the capture as written. A complete capture is copied as it is."""
+    cap = read_capture(src, partial=True)
+    if cap.footer is None:
+        times = [s.time_ns for s in cap.samples] + [e.end_ns or e.start_ns for e in cap.events]
+        end_mono = max(times, default=cap.header.start_mono_ns)
+        cap.footer = CaptureFooter(cap.header.start_wall_ns + max(0, end_mono - cap.header.start_mono_ns), end_mono,
+                                   len(cap.samples), {"recovered": 1}, "recovered")
+    # Written under a name of its own and renamed: `src` may be the very `dst.partial` a writer of `dst` uses.
+    tmp = dst.with_name(f".{dst.name}.recovering")
+    write_capture(tmp, cap)
+    try:
+        with OutputDir.of_file(dst) as d:
+            d.rename(tmp.name, dst.name)
+    except (OSError, FileRefused) as e:
+        raise CaptureError(f"cannot write {dst}: {e}") from None
     return cap

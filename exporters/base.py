@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import abc
 import builtins
-import os
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from aiflame.core import safe_files
 from aiflame.core.errors import BadInput
 from aiflame.core.model import Frame, FrameKind, Profile, Stack
 
@@ -128,20 +127,13 @@ class Exporter(abc.ABC):
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file renamed into place; ExportError when it cannot."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    """Write `data` to `path` through a temporary file renamed into place, both relative to the directory's
+    descriptor with O_EXCL|O_NOFOLLOW (core/safe_files.py: a user who owns the directory cannot redirect it);
+    ExportError when it cannot."""
     try:
-        # os.open rather than mkstemp: the result should get normal (umask) permissions, not 0600.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    except OSError as e:
-        raise ExportError(f"cannot write {path}: {e.strerror or e}") from e
+        safe_files.write_atomic(path, data)
+    except (OSError, safe_files.FileRefused) as e:
+        raise ExportError(f"cannot write {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from e
 
 
 # Characters that end a line for str.splitlines(); any of them would split a folded line in some reader.

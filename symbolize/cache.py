@@ -20,11 +20,11 @@ import json
 import logging
 import os
 import re
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 
 from aiflame.core.model import FrameKind
+from aiflame.core.safe_files import FileRefused, OutputDir, read_regular, trusted_dir
 
 __all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir", "read_json_gz",
            "write_json_gz"]
@@ -39,6 +39,7 @@ Entry = tuple[str, int, str, int]
 
 _KINDS = frozenset(int(k) for k in FrameKind)
 _SAFE_KEY = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,127}$")
+MAX_FILE_BYTES = 1 << 30  # a cache file larger than this is not one we wrote
 
 
 def default_cache_dir() -> str:
@@ -50,13 +51,15 @@ def default_cache_dir() -> str:
 
 
 def read_json_gz(path: str, what: str) -> object | None:
-    """The JSON document in gzip file `path`; None (logged) when it is absent, unreadable or corrupt."""
+    """The JSON document in gzip file `path`; None (logged) when it is absent, unreadable or corrupt, or when a
+    directory it lies in could be changed by someone else than us or root (core/safe_files.py trusted_dir:
+    what such a directory holds is nobody's cache we should trust, or read as root)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        os.close(trusted_dir(os.path.abspath(os.path.dirname(path)), create=False))
+        raw = read_regular(path, MAX_FILE_BYTES, follow=False)
     except FileNotFoundError:
         return None
-    except OSError as e:
+    except (OSError, FileRefused) as e:
         log.debug("%s %s unreadable: %s", what, path, e)
         return None
     try:
@@ -68,24 +71,14 @@ def read_json_gz(path: str, what: str) -> object | None:
 
 
 def write_json_gz(path: str, doc: object, what: str) -> None:
-    """Write `doc` as gzip'd JSON atomically (temp file + rename); failures are logged and ignored."""
+    """Write `doc` as gzip'd JSON atomically (temp file + rename, relative to the directory's descriptor), into a
+    directory only we and root can change (created 0700 as needed); failures are logged and ignored."""
     data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=3)
-    tmp = None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json.gz", dir=os.path.dirname(path))
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
+        with OutputDir.adopt(trusted_dir(os.path.abspath(os.path.dirname(path))), os.path.dirname(path)) as d:
+            d.write_atomic(os.path.basename(path), data, 0o600)
+    except (OSError, FileRefused) as e:
         log.debug("%s %s not written: %s", what, path, e)
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 @dataclass

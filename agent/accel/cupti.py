@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -20,12 +21,13 @@ from typing import Protocol
 from aiflame.agent.accel.cupti_build import CuptiBuildError, CuptiInstall, build_injection, find_cupti
 from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
 from aiflame.core.raw import GpuCode, RawStallSample
+from aiflame.core.safe_files import FileRefused, OutputDir, read_regular
 from aiflame.symbolize.vendor.cupti_stream import CuptiStream, CuptiStreamError, parse_stream
 
 __all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti",
            "stalls_from_stream"]
 
-STREAM_DIR = ".cupti-streams"
+STREAM_PREFIX = ".cupti-"  # + random: one private stream directory per capture, in its output directory
 NO_CUPTI = ("NVIDIA stall samples need NVIDIA's CUPTI: `pip install nvidia-cuda-cupti` into aiflame's "
             "environment (the CUDA program ran unsampled)")
 
@@ -119,13 +121,56 @@ def _cubin_arch(data: bytes) -> int:
     return flags & 0xFF if data[8] <= 6 else (flags >> 8) & 0xFF  # e_ident ABI version: old vs new layout
 
 
+class StreamDir:
+    """The directory the targets write their streams into: a fresh random name under the output directory,
+    mode 1733 (targets that drop privileges still create their file; nobody else can list it or touch another's
+    file). It is held by descriptor, so renaming it or swapping a symlink in does not redirect what we read or
+    remove; each stream is read only as a regular file, up to the size the writer may reach."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.parent = OutputDir(out_dir)
+        try:
+            for _ in range(16):
+                self.name = STREAM_PREFIX + secrets.token_hex(6)
+                try:
+                    os.mkdir(self.name, 0o700, dir_fd=self.parent.fd)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise FileExistsError(f"{out_dir}: no free name for a stream directory")
+            self.fd = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=self.parent.fd)
+            os.fchmod(self.fd, 0o1733)
+        except BaseException:
+            self.parent.close()
+            raise
+        self.path = out_dir / self.name
+
+    def streams(self) -> list[str]:
+        return sorted(n for n in os.listdir(self.fd) if n.startswith("cupti-") and n.endswith(".stream"))
+
+    def read(self, name: str, limit: int) -> bytes:
+        return read_regular(name, limit, follow=False, dir_fd=self.fd)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.name, ignore_errors=True, dir_fd=self.parent.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.parent.close()
+
+
 class CuptiCollector:
     """One capture's NVIDIA stall sampling: `child_env` for the command, `collect` at the end."""
 
-    def __init__(self, install: CuptiInstall, library: Path, stream_dir: Path, options: CuptiOptions) -> None:
+    def __init__(self, install: CuptiInstall, library: Path, streams: StreamDir, options: CuptiOptions) -> None:
         self.install = install
         self.library = library
-        self.stream_dir = stream_dir
+        self.streams = streams
+        self.stream_dir = streams.path
         self.options = options
 
     def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -148,11 +193,14 @@ class CuptiCollector:
         counts: Counter[str] = Counter()
         errors: dict[tuple[str, str], list[int]] = {}
         unreadable = False
-        for path in sorted(self.stream_dir.glob("cupti-*.stream")):
+        # The writer stops at max_stream_bytes; its header and last record may pass that a little.
+        limit = self.options.max_stream_bytes + (1 << 20)
+        for name in self.streams.streams():
+            path = self.stream_dir / name
             try:
-                stream = parse_stream(path.read_bytes(), path.name)
-            except (OSError, CuptiStreamError) as e:
-                res.warnings.append(str(e) if isinstance(e, CuptiStreamError) else f"{path}: {e.strerror}")
+                stream = parse_stream(self.streams.read(name, limit), name)
+            except (OSError, CuptiStreamError, FileRefused) as e:
+                res.warnings.append(f"{path}: {e.strerror}" if isinstance(e, OSError) else str(e))
                 counts["cupti_streams_unreadable"] += 1
                 unreadable = True
                 continue
@@ -183,7 +231,8 @@ class CuptiCollector:
                                 "see the capture's cupti_* counters")
         res.counters = {k: v for k, v in counts.items() if v}
         if not keep_streams and not unreadable:
-            shutil.rmtree(self.stream_dir, ignore_errors=True)
+            self.streams.remove()
+        self.streams.close()
         return res
 
 
@@ -198,15 +247,13 @@ def prepare_cupti(out_dir: Path, options: CuptiOptions, cache_dir: Path | None =
         lib = build_injection(install, cache_dir)
     except CuptiBuildError as e:
         return None, f"NVIDIA stall sampling off: {e}"
-    stream_dir = out_dir / STREAM_DIR
     try:
-        if stream_dir.exists():
-            shutil.rmtree(stream_dir)
-        stream_dir.mkdir(parents=True)
-        os.chmod(stream_dir, 0o1777)  # targets that drop privileges still write their streams
-    except OSError as e:
-        return None, f"NVIDIA stall sampling off: cannot create {stream_dir}: {e.strerror}"
-    return CuptiCollector(install, lib, stream_dir, options), None
+        out_dir.mkdir(parents=True, exist_ok=True)
+        streams = StreamDir(out_dir)
+    except (OSError, FileRefused) as e:
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        return None, f"NVIDIA stall sampling off: cannot create its stream directory in {out_dir}: {why}"
+    return CuptiCollector(install, lib, streams, options), None
 
 
 def pid_target_warning() -> str:

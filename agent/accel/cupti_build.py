@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiflame.core.errors import HostError
+from aiflame.core.safe_files import FileRefused, trusted_dir
 
 __all__ = ["CuptiBuildError", "CuptiInstall", "INJECT_SOURCE", "build_injection", "find_cupti", "library_cache_dir"]
 
@@ -89,12 +91,22 @@ def build_injection(cupti: CuptiInstall, cache_dir: Path | None = None) -> Path:
     cc = _compiler()
     out_dir = (cache_dir or library_cache_dir()) / _build_key(cc, cupti)
     lib = out_dir / LIB_NAME
-    if lib.is_file():
-        return lib
+    # Every target of the capture loads this library (as root, often): only a directory that nobody but us and
+    # root can change, all the way up, may hold it (a home directory sudo kept must not; core/safe_files.py).
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        os.close(trusted_dir(out_dir.absolute(), mode=0o700))
+    except FileRefused as e:
+        raise CuptiBuildError(f"cannot keep the CUPTI injection library there: {e} (set AIFLAME_CUPTI_CACHE)") from None
     except OSError as e:
         raise CuptiBuildError(f"cannot create {out_dir}: {e.strerror}") from None
+    try:
+        st = os.lstat(lib)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise CuptiBuildError(f"{lib}: not a regular file only we can write to")
+        return lib
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
     os.close(fd)
     cmd = [cc, "-O2", "-g", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden", "-I", str(cupti.include),

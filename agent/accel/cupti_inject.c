@@ -171,10 +171,11 @@ static void emit_essential(uint16_t type, buf_t *b) {
     free(b->p);
 }
 
-/* Open the stream for this process: `path` is created fresh, the header written. Returns 0 on success. */
+/* Open the stream for this process: `path` is created fresh (never an existing file, never through a symlink:
+ * the directory may be writable by others), the header written. Returns 0 on success. */
 EXPORT int aiflame_cupti_stream_open(const char *path) {
     pthread_mutex_lock(&S.mu);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, 0600);
     if (fd < 0) {
         pthread_mutex_unlock(&S.mu);
         return -1;
@@ -715,7 +716,15 @@ static int ensure_stream(void) {
         return -1;
     char path[4096];
     snprintf(path, sizeof path, "%s/cupti-%d.stream", dir, (int)getpid());
-    return aiflame_cupti_stream_open(path);
+    if (aiflame_cupti_stream_open(path) == 0)
+        return 0;
+    /* The name is taken (a stream of an earlier process with this pid, or something planted): a fresh one. */
+    for (int i = 1; i < 8 && errno == EEXIST; i++) {
+        snprintf(path, sizeof path, "%s/cupti-%d.%d.stream", dir, (int)getpid(), i);
+        if (aiflame_cupti_stream_open(path) == 0)
+            return 0;
+    }
+    return -1;
 }
 
 #define LOAD(field, sym)                                                                                   \

@@ -10,6 +10,7 @@ lookup needs them).
 
 from __future__ import annotations
 
+import logging
 import mmap
 import sys
 import time
@@ -17,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiflame.agent.kernel.bpf_sys import cpu_list
-from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
+from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig, SamplerError
 from aiflame.agent.pipeline import CapturePipeline, SessionStats, mono_ns
 from aiflame.agent.procmaps import BuildIdCache
 from aiflame.agent.procs import own_cpu_s
 from aiflame.core.capture import CaptureWriter, new_header
 from aiflame.core.raw import CaptureFooter
+
+log = logging.getLogger("aiflame.daemon")
 
 # Probes stay in a library while targets may call it; with no target left for this long they are removed.
 PROBE_IDLE_S = 300.0
@@ -56,6 +59,7 @@ class Collector:
         self.max_probed_libraries = max_probed_libraries
         self.pipeline = CapturePipeline(runtimes, bounded=True)
         self.exited: list[int] = []  # pids whose exit was seen since the caller last looked
+        self.targets_refused = 0  # add_target calls BPF had no room for
         self.windows_written = 0
         self.code_warnings: list[str] = []  # the GPU code lookup's, last MAX_WARNINGS
         self._window_samples0 = 0
@@ -95,13 +99,25 @@ class Collector:
         probes = self.pipeline.probes
         return len(probes.attached) if probes else 0
 
-    def add_target(self, pid: int) -> None:
-        """Start sampling `pid` (and the children it forks from now on)."""
+    def samples(self, pid: int) -> bool:
+        """Whether `pid` is sampled already (added, or a child followed since its parent was)."""
+        return pid in self.pipeline.processes.snaps
+
+    def add_target(self, pid: int) -> bool:
+        """Start sampling `pid` (and the children it forks from now on); False when BPF has no room for it (its
+        target map full: counted in `targets_refused`, logged, and the collector goes on)."""
         if pid in self.pipeline.processes.snaps:
-            return
-        self.sampler.add_target(pid)
+            return True
+        try:
+            self.sampler.add_target(pid)
+        except SamplerError as e:
+            self.targets_refused += 1
+            if self.targets_refused in (1, 10, 100) or self.targets_refused % 1000 == 0:
+                log.warning("target refused pid=%d refused=%d: %s", pid, self.targets_refused, e)
+            return False
         if self.pipeline.writer is not None:
             self.pipeline.snapshot(pid)
+        return True
 
     def remove_target(self, pid: int) -> None:
         self.sampler.remove_target(pid)

@@ -62,7 +62,10 @@ class TriggerConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    max_targets: int = 512  # watched processes at once; more are reported, not followed
+    max_targets: int = 512  # processes discovery watches at once; more are reported, not followed
+    # of them, at most this many of one user's (no user can crowd the others out); children a watched process
+    # forks are followed as well, up to 8 x max_targets, and count for neither
+    max_targets_per_user: int = 128
     max_probed_libraries: int = 64  # libraries holding runtime uprobes before they are all re-placed
     max_queued_exports: int = 4  # windows waiting for their folded export; beyond, exports are skipped
     nice: int = 10  # scheduling niceness of the daemon (its work is never urgent)
@@ -182,8 +185,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, Check]]] = {
         "default_frequency": _int(1, 20000), "max_frequency": _int(1, 20000),
     }),
     "limits": (LimitsConfig, {
-        "max_targets": _int(1, 16384), "max_probed_libraries": _int(1, 4096), "max_queued_exports": _int(1, 1000),
-        "nice": _int(0, 19),
+        "max_targets": _int(1, 16384), "max_targets_per_user": _int(1, 16384), "max_probed_libraries": _int(1, 4096),
+        "max_queued_exports": _int(1, 1000), "nice": _int(0, 19),
     }),
     "control": (ControlConfig, {"socket": _abs_path}),
 }

@@ -58,6 +58,8 @@ class ProcInfo:
     cmdline: str
     cgroup: str
     runtimes: frozenset[str]
+    uid: int = -1  # real user id
+    ppid: int = 0
 
 
 class Selector:
@@ -121,6 +123,8 @@ def read_info(proc: psutil.Process, with_maps: bool) -> ProcInfo | None:
             if not cmdline:
                 return None  # kernel threads (and zombies) have no command line
             created = proc.create_time()
+            uid = proc.uids().real
+            ppid = proc.ppid()
             try:
                 exe = valid_utf8(proc.exe())
             except psutil.AccessDenied:
@@ -130,7 +134,7 @@ def read_info(proc: psutil.Process, with_maps: bool) -> ProcInfo | None:
         runtimes = frozenset(accelerator_runtimes(_read(f"/proc/{proc.pid}/maps"))) if with_maps else frozenset()
     except (psutil.Error, OSError):
         return None
-    return ProcInfo(proc.pid, created, comm, exe, cmdline, cgroup, runtimes)
+    return ProcInfo(proc.pid, created, comm, exe, cmdline, cgroup, runtimes, uid, ppid)
 
 
 def process_info(pid: int) -> ProcInfo | None:

@@ -31,7 +31,7 @@ from aiflame.agent.daemon.errors import DaemonError
 from aiflame.agent.daemon.exports import ExportWorker
 from aiflame.agent.daemon.protocol import LatestRequest, Request, Response, StatusRequest
 from aiflame.agent.daemon.rolling import RollingWindows
-from aiflame.agent.daemon.signals import LoopSignals
+from aiflame.agent.daemon.signals import LoopSignals, controlling_tty
 from aiflame.agent.daemon.status import StatusBoard
 from aiflame.agent.daemon.store import FILE_UMASK, OutputDirs
 from aiflame.agent.kernel.sampler import SamplerConfig
@@ -73,6 +73,7 @@ class Daemon:
         self.captures: Captures | None = None
         self.collector: Collector | None = None
         self.too_many_targets = 0
+        self._added: dict[int, int] = {}  # pid -> uid of the processes discovery added (what max_targets bounds)
         self._poll_s = POLL_S
         self._started = time.monotonic()
         self._cpu_start = own_cpu_s()
@@ -173,18 +174,30 @@ class Daemon:
     def _scan(self) -> None:
         assert self.collector is not None
         new, gone = self.discovery.scan()
+        limits = self.cfg.limits
         for pid in gone:  # its exit event is still in the ring buffer, or was lost
             log.info("target exited pid=%d", pid)
             self.collector.remove_target(pid)
+            self._added.pop(pid, None)
         for info in new:
-            if len(self.collector.targets) >= self.cfg.limits.max_targets:
-                self.too_many_targets += 1
-                self.discovery.forget(info.pid)
-                log.warning("target limit reached pid=%d comm=%s limit=%d", info.pid, info.comm,
-                            self.cfg.limits.max_targets)
+            if self.collector.samples(info.pid) or self.collector.samples(info.ppid):
+                # a child of a target (followed since its fork, perhaps not yet drained): it counts for no limit
+                self.collector.add_target(info.pid)
                 continue
+            mine = sum(1 for uid in self._added.values() if uid == info.uid)
+            if len(self._added) >= limits.max_targets or mine >= limits.max_targets_per_user:
+                self.too_many_targets += 1
+                self.discovery.forget(info.pid)  # judged again at a later scan: there may be room then
+                if self.too_many_targets in (1, 10, 100) or self.too_many_targets % 1000 == 0:
+                    log.warning("target limit reached pid=%d comm=%s uid=%d limit=%d per_user=%d refused=%d",
+                                info.pid, info.comm, info.uid, limits.max_targets, limits.max_targets_per_user,
+                                self.too_many_targets)
+                continue
+            if not self.collector.add_target(info.pid):
+                self.discovery.forget(info.pid)  # tried again at the next scan: there may be room by then
+                continue
+            self._added[info.pid] = info.uid
             log.info("watching pid=%d comm=%s runtimes=%s", info.pid, info.comm, ",".join(sorted(info.runtimes)))
-            self.collector.add_target(info.pid)
 
     def _handle_exits(self, exited: list[int]) -> None:
         """Exits a collector saw (`exited` is emptied): discovery forgets them before its next scan."""
@@ -192,6 +205,7 @@ class Daemon:
             if pid in self.discovery.targets:
                 log.info("target exited pid=%d", pid)
             self.discovery.forget(pid)
+            self._added.pop(pid, None)
         exited.clear()
 
     def _capture_source(self, c: Capture) -> Collector:
@@ -253,7 +267,8 @@ class Daemon:
         elapsed = time.monotonic() - self._started
         cpu = own_cpu_s() - self._cpu_start
         targets = []
-        for pid in c.targets[:MAX_STATUS_TARGETS]:
+        # those discovery chose first: a target that forked thousands of children must not push them out of view
+        for pid in sorted(c.targets, key=lambda p: p not in self._added)[:MAX_STATUS_TARGETS]:
             info = self.discovery.targets.get(pid)
             targets.append({"pid": pid, "comm": info.comm if info else "", "runtimes":
                             sorted(info.runtimes) if info else [], "via": "selector" if info else "child"})
@@ -269,6 +284,7 @@ class Daemon:
             "exports_skipped": self.exports.skipped if self.exports else 0,
             "agent_cpu_s": round(cpu, 3), "agent_cpu_pct": round(100 * cpu / elapsed, 3) if elapsed else 0.0,
             "rss_mb": round(own_rss_bytes() / (1 << 20), 1), "targets_over_limit": self.too_many_targets,
+            "targets_refused": c.targets_refused, "controlling_tty": controlling_tty(),
         }
 
 

@@ -58,9 +58,10 @@ class Counter(enum.IntEnum):
     CALL_LOST = 8
     OPEN_LOST = 9
     UW_TAILCALL_FAIL = 10
+    STOPS_UNRECORDED = 11
 
 
-COUNTER_SLOTS = 11
+COUNTER_SLOTS = 12
 
 
 # The head every record starts with (struct sample_rec, proc_rec, call_rec, ret_rec, open_rec).

@@ -5,6 +5,7 @@ are decoded by agent/kernel/decode.py, whose types are re-exported here."""
 from __future__ import annotations
 
 import errno
+import logging
 import struct
 import threading
 from collections.abc import Callable, Iterable
@@ -27,6 +28,7 @@ from aiflame.agent.kernel.decode import RetRecord as RetRecord
 from aiflame.agent.kernel.decode import decode_record as decode_record
 from aiflame.agent.kernel.records import Counter, ProbeSpecRec, PyProcRec, TargetFlag
 from aiflame.agent.kernel.ringbuf import RingBuffer
+from aiflame.agent.kernel.stop_watchdog import StopWatchdog
 from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
 from aiflame.agent.kernel.uprobes import Uprobe, attach_uprobe
 from aiflame.core.errors import HostError
@@ -35,6 +37,9 @@ from aiflame.core.raw import Mapping, RawSample
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
 PROBES_SOURCE = BPF_DIR / "runtime_probes.bpf.c"
+
+
+log = logging.getLogger(__name__)
 
 
 class SamplerError(HostError):
@@ -67,6 +72,9 @@ class SamplerConfig:
     # False: frame pointers only (the kernel's walk), as before CFI unwinding.
     cfi: bool = True
     max_depth: int = 127  # user frames a CFI walk records at most (the record holds 127)
+    # With probes: the longest a target stays stopped by them. The stop watchdog (stop_watchdog.py) continues it
+    # then, whatever the agent is doing, and at once when the agent dies.
+    stop_deadline_ms: int = 800
 
     @property
     def thinning(self) -> int:
@@ -133,7 +141,7 @@ PROBE_LAYOUT_MAPS = {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_r
 UNWIND_MAPS = ["unwind_rows", "unwind_rules", "unwind_procs", "uw_progs", "uw_call_progs"]
 # The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record.
 UW_PROGS = {"uw_progs": ("uw_step", "sample_finish"), "uw_call_progs": ("uw_call_step", "call_finish")}
-MAPS = ["events", "targets", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
+MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
@@ -157,6 +165,8 @@ class CpuSampler:
         self._ring: RingBuffer | None = None
         self._uprobes: list[Uprobe] = []
         self._unwind: UnwindTables | None = None
+        self._watchdog: StopWatchdog | None = None
+        self.maps_full: dict[str, int] = {}  # per-process map -> processes it had no room for
         self.event_used = ""
 
     def start(self, pids: list[int]) -> None:
@@ -175,6 +185,9 @@ class CpuSampler:
                         self._obj.maps[array].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
             if self.config.cfi:
                 self._unwind = UnwindTables(self._obj)
+            if self.config.probes:
+                # before anything can stop a target: every stop is the watchdog's to undo if we cannot
+                self._watchdog = StopWatchdog(self._obj.maps["stops"].fd, self.config.stop_deadline_ms)
             for pid in pids:
                 self.add_target(pid)
             events = self._obj.maps["events"]
@@ -226,29 +239,62 @@ class CpuSampler:
             raise
 
     def _set_target_flags(self, pid: int, flags: int) -> None:
-        """Change a target's flags; a pid that is not a target stays out."""
-        t = self._bpf.maps["targets"]
-        if t.lookup(_U32.pack(pid)) is not None:
-            t.update(_U32.pack(pid), _U32.pack(flags))
+        """Change a target's flags (one we added, or a child BPF follows); a pid that is not a target stays out."""
+        for name in ("targets", "children"):
+            t = self._bpf.maps[name]
+            if t.lookup(_U32.pack(pid)) is not None:
+                t.update(_U32.pack(pid), _U32.pack(flags))
+                return
+
+    def resumed(self, pid: int, stopped_ns: int) -> None:
+        """We continued `pid`, stopped by a probe at `stopped_ns`: the watchdog need not. A later stop of it
+        (a newer time) stays recorded."""
+        stops = self._bpf.maps["stops"]
+        seen = stops.lookup(_U32.pack(pid))
+        if seen is not None and _U64.unpack(seen)[0] <= stopped_ns:
+            stops.delete(_U32.pack(pid))
+
+    @property
+    def watchdog(self) -> StopWatchdog | None:
+        """The stop watchdog (with probes): its pid, and the targets it had to continue."""
+        return self._watchdog
 
     def remove_target(self, pid: int) -> None:
         self._bpf.maps["targets"].delete(_U32.pack(pid))
+        self._bpf.maps["children"].delete(_U32.pack(pid))
         if self._unwind is not None:
             self._unwind.remove_process(pid)
 
+    def _map_full(self, name: str, pid: int, e: OSError) -> None:
+        """A per-process map is full (a target forked that many processes): this one goes without, counted."""
+        if e.errno not in (errno.E2BIG, errno.ENOMEM):
+            raise e
+        self.maps_full[name] = self.maps_full.get(name, 0) + 1
+        if self.maps_full[name] == 1:
+            log.warning("BPF map %s full: pid %d and later ones go without it", name, pid)
+
     def set_mappings(self, pid: int, mappings: Iterable[Mapping]) -> None:
         """Describe `pid`'s executable mappings to the CFI unwinder, building the tables of files seen first
-        (off the sampling path; a file without usable CFI is walked with frame pointers)."""
+        (off the sampling path; a file without usable CFI is walked with frame pointers). A full map leaves
+        the process to frame pointers (counted: unwind_procs_full)."""
         if self._unwind is not None:
-            self._unwind.add_process(pid, mappings)
+            try:
+                self._unwind.add_process(pid, mappings)
+            except OSError as e:
+                self._map_full("unwind_procs", pid, e)
 
     @property
     def unwind_stats(self) -> UnwindStats | None:
         return self._unwind.stats if self._unwind is not None else None
 
     def set_python(self, pid: int, proc: PyProcRec) -> None:
-        """Turn on the Python walk for `pid` with its layout (or update it)."""
-        self._bpf.maps["py_procs"].update(_U32.pack(pid), bytes(proc))
+        """Turn on the Python walk for `pid` with its layout (or update it). A full map leaves the process without
+        Python frames (counted: py_procs_full)."""
+        try:
+            self._bpf.maps["py_procs"].update(_U32.pack(pid), bytes(proc))
+        except OSError as e:
+            self._map_full("py_procs", pid, e)
+            return
         self._set_target_flags(pid, TargetFlag.ON | TargetFlag.PY)
 
     def clear_python(self, pid: int) -> None:
@@ -256,7 +302,9 @@ class CpuSampler:
         self._bpf.maps["py_procs"].delete(_U32.pack(pid))
 
     def targets(self) -> list[int]:
-        return [_U32.unpack(k)[0] for k in self._bpf.maps["targets"].keys()]
+        """The processes sampled now: those added, and the children BPF followed."""
+        maps = self._bpf.maps
+        return [_U32.unpack(k)[0] for name in ("targets", "children") for k in maps[name].keys()]
 
     def poll(self) -> None:
         """Drain everything in the ring buffer now (no waiting)."""
@@ -298,8 +346,14 @@ class CpuSampler:
 
     def counters(self) -> dict[str, int]:
         table = self._bpf.maps["counters"]
-        return {c.name.lower(): sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(c.value)))
-                for c in Counter}
+        out = {c.name.lower(): sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(c.value)))
+               for c in Counter}
+        if self._watchdog is not None:
+            self._watchdog.poll()
+            out["stops_resumed_by_watchdog"] = self._watchdog.resumed
+        for name, n in self.maps_full.items():
+            out[f"{name}_full"] = n
+        return out
 
     def layouts(self) -> dict[str, tuple[list[tuple[str, int, int]], int]]:
         """The record structs as the compiler laid them out: (fields as (name, offset, size), size), by name."""
@@ -330,7 +384,10 @@ class CpuSampler:
             self._obj.detach(":".join(OPENAT))
 
     def close(self) -> None:
-        self.detach_probes()
+        self.stop_stopping()
+        if self._watchdog is not None:
+            self._watchdog.close()  # it continues any target still recorded as stopped
+            self._watchdog = None
         if self._unwind is not None:
             self._unwind.close()
             self._unwind = None

@@ -136,12 +136,21 @@ class UnwindTables:
     # --- tables -------------------------------------------------------------------------------------------
 
     def _load(self, pid: int, m: Mapping) -> str:
-        """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one)."""
+        """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one). The file
+        is the one mapped (map_files), opened once; the table is built from that open file."""
         path = self._file_of(pid, m)
         try:
-            with ElfFile.open(path) as elf:
-                vaddr = elf.file_offset_to_vaddr(m.file_offset)
-                st = os.stat(elf.fd_path)
+            elf = ElfFile.open(path)
+        except (AiflameError, OSError) as e:
+            self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
+            return ""
+        with elf:
+            return self._load_open(pid, m, elf, path)
+
+    def _load_open(self, pid: int, m: Mapping, elf: ElfFile, path: str) -> str:
+        try:
+            vaddr = elf.file_offset_to_vaddr(m.file_offset)
+            st = os.stat(elf.fd_path)
         except (AiflameError, OSError) as e:
             self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
             return ""
@@ -158,9 +167,9 @@ class UnwindTables:
             return ""
         t0 = time.perf_counter()
         try:
-            table = self._table_for(path)
+            table = self._table_for(elf.fd_path)
         except (AiflameError, OSError) as e:
-            self.stats.errors[m.path] = str(e).replace(path, m.path)
+            self.stats.errors[m.path] = str(e).replace(elf.fd_path, m.path).replace(path, m.path)
             self._failed.add(key)
             return ""
         finally:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
 from aiflame.agent.procmaps import read_maps
+from aiflame.core import limits
+from aiflame.core.limits import LimitExceeded, charge
 from aiflame.core.raw import GpuCode, RawEvent, RawPyFrame
 from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError, read_cstring
 
@@ -122,6 +124,20 @@ class Call:
                         self.user, self.user_err, self.py, self.py_flags, dict(args))
 
 
+def copy_refused(size: int, what: str) -> str:
+    """Why a code object of `size` bytes is not copied from a target ("" when it is): each copy is capped by
+    core/limits.py (copy_bytes), and all of them together by the target's allowance (ProbeManager charges a
+    target's calls to it)."""
+    cap = limits.current().copy_bytes
+    if size > cap:
+        return f"implausible size {size} (more than the {cap} bytes copied of one)"
+    try:
+        charge(size, what, cap)
+    except LimitExceeded as e:
+        return f"not copied: {e}"
+    return ""
+
+
 class TargetMemory:
     """What runtime plug-ins read a target's memory through (what BPF could not read: pages not yet resident,
     long strings): any process, by pid, and None where a read fails, so a plug-in records what it could not
@@ -137,10 +153,11 @@ class TargetMemory:
             return None
 
     def file_of(self, pid: int, addr: int) -> tuple[str, int] | None:
-        """The file and file offset mapped at `addr` in `pid` (any permissions), None for anonymous memory."""
+        """The file and file offset mapped at `addr` in `pid` (any permissions); None for anonymous memory and for
+        a file deleted since it was mapped (its path names another file, or none: read the memory instead)."""
         for start, end, _perms, off, _dev, _inode, path in read_maps(pid) or []:
-            if start <= addr < end and path.startswith("/"):
-                return path.removesuffix(" (deleted)"), addr - start + off
+            if start <= addr < end:
+                return (path, addr - start + off) if path.startswith("/") and not path.endswith(" (deleted)") else None
         return None
 
     def read_u64(self, pid: int, addr: int) -> int | None:

@@ -26,6 +26,7 @@ from aiflame.agent.runtimes.base import (
     ProbeSpec,
     Runtime,
     TargetMemory,
+    copy_refused,
     drop_pid,
 )
 from aiflame.core.raw import GpuCode, RawEvent
@@ -33,7 +34,6 @@ from aiflame.symbolize.accel.fatbin import FATBIN_MAGIC, FatbinError, fatbin_siz
 
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
 MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}
-MAX_MODULE_BYTES = 512 << 20
 STR_MAX = 128  # AIFLAME_CALL_STR: a string this long (with its NUL) may have been cut
 
 
@@ -214,7 +214,11 @@ class CudaRuntime(Runtime):
         if where is not None:
             ev.strs["fatbin_file"], ev.args["fatbin_file_offset"] = where
             return out
-        data = mem.read(call.pid, fatbin, found[1]) if found[1] <= MAX_MODULE_BYTES else None
+        refused = copy_refused(found[1], f"pid {call.pid}: fatbin at {fatbin:#x}")
+        if refused:
+            ev.strs["fatbin_error"] = refused
+            return out
+        data = mem.read(call.pid, fatbin, found[1])
         if data is None:
             ev.strs["fatbin_error"] = "unreadable"
             return out
@@ -255,8 +259,12 @@ class CudaRuntime(Runtime):
             ev.strs["image"] = "unreadable" if head is None else "unknown format"
             return out
         kind, size = found
-        if not 0 < size <= MAX_MODULE_BYTES:
+        if size <= 0:
             ev.strs["image"] = f"implausible {kind} size {size}"
+            return out
+        refused = copy_refused(size, f"pid {call.pid}: {kind} at {image:#x}")
+        if refused:
+            ev.strs["image"] = refused
             return out
         data = mem.read(call.pid, image, size)
         if data is None:

@@ -29,6 +29,7 @@ from aiflame.agent.runtimes.base import (
     ProbeSpec,
     Runtime,
     TargetMemory,
+    copy_refused,
     drop_pid,
 )
 from aiflame.core.raw import GpuCode, RawEvent
@@ -41,7 +42,6 @@ FORMAT_IL_SPIRV, FORMAT_NATIVE = 0, 1
 # ze_kernel_desc_t: stype u32 @0, pNext @8, flags u32 @16, pKernelName @24
 KERNEL_FLAGS, KERNEL_NAME = 16, 24
 SPIRV_MAGIC = b"\x03\x02\x23\x07"  # 0x07230203 little-endian
-MAX_MODULE_BYTES = 512 << 20
 USDT_LAUNCH, USDT_COMPILE = "level_zero:launch_kernel", "level_zero:compile_kernel"
 CALL_STR_MAX = 127  # bytes of a string the probe can read (bpf/aiflame.h AIFLAME_CALL_STR, less the NUL)
 
@@ -192,8 +192,10 @@ class LevelZeroRuntime(Runtime):
         data = None
         if size is None or image is None:
             strs["image_error"] = "descriptor unreadable"
-        elif not 0 < size <= MAX_MODULE_BYTES:
+        elif size <= 0:
             strs["image_error"] = f"implausible size {size}"
+        elif refused := copy_refused(size, f"pid {call.pid}: module image at {image:#x}"):
+            strs["image_error"] = refused
         else:
             # Read now, while the process lives: the caller may free its buffer once the call returned.
             data = mem.read(call.pid, image, size)

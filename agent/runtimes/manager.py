@@ -3,8 +3,10 @@ call and return records, and hands finished calls to the plug-in that decodes th
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -14,12 +16,18 @@ from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, ProbeRecord, Re
 from aiflame.agent.kernel.uprobes import UprobeError
 from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.usdt import usdt_spec
+from aiflame.core.limits import Allowance, charged_to
 from aiflame.core.raw import GpuCode, RawEvent
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.usdt import read_notes
 
 MAX_PENDING_PER_THREAD = 64  # open calls per thread kept for pairing (deeper nesting is a lost return)
+# The longest we hold a target stopped: past it the target runs on while we finish (the stop watchdog,
+# agent/kernel/stop_watchdog.py, resumes it at this deadline even if we hang or die).
+STOP_DEADLINE_NS = 800_000_000
+
+log = logging.getLogger(__name__)
 
 
 def fnv1a(data: bytes) -> int:
@@ -61,6 +69,7 @@ class ProbeTarget(Protocol):
     def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False,
                      ref_ctr: int = 0) -> None: ...
     def mark_library_seen(self, path_hash: int) -> None: ...
+    def resumed(self, pid: int, stopped_ns: int) -> None: ...
 
 
 @dataclass
@@ -91,10 +100,14 @@ class ProcessExit(Runtime):
 class ProbeManager:
     """Owns the plug-ins of one capture. Feed it every probe record (`on_record`) and every new mapping
     (`consider_process`); take its output with `take()`. `on_stop(pid)` runs while a target is stopped (at a
-    library open or exit), before it continues: the session re-reads its mappings there."""
+    library open or exit), before it continues: the session re-reads its mappings there. A target is held at
+    most `stop_deadline_ns` from its stop: a record read later than that continues it first.
+
+    Work done for one target (libraries it maps, code objects its calls name) is charged to that target's
+    core/limits.py Allowance, so one process cannot make us inflate or copy more than its share."""
 
     def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: TargetMemory | None = None,
-                 on_stop: Callable[[int], None] | None = None) -> None:
+                 on_stop: Callable[[int], None] | None = None, stop_deadline_ns: int = STOP_DEADLINE_NS) -> None:
         runtimes = [*runtimes, ProcessExit()]
         self.runtimes = runtimes
         self._on_stop = on_stop
@@ -111,11 +124,15 @@ class ProbeManager:
         self._open: dict[int, list[Call]] = {}  # tid -> calls entered with a return probe, not yet returned
         self._events: list[RawEvent] = []
         self._code: list[GpuCode] = []
-        self._stopped: set[int] = set()
+        self._stopped: dict[int, int] = {}  # pid -> when BPF stopped it (CLOCK_MONOTONIC ns)
+        self._allowances: dict[int, Allowance] = {}
+        self.stop_deadline_ns = stop_deadline_ns
         self.attached: list[Attached] = []
         self.warnings: list[str] = []
         self.calls_seen = 0
         self.returns_lost = 0
+        self.stops_late = 0  # stop records read after the deadline (the target was continued first)
+        self.libs_seen_full = 0  # library paths BPF could not remember (their next open stops the target again)
 
     # --- libraries --------------------------------------------------------------------------------------------
 
@@ -220,45 +237,84 @@ class ProbeManager:
         return done
 
     def consider_process(self, pid: int, paths: list[str]) -> None:
-        """A process's mapped files (at attach, fork, exec, or a new snapshot)."""
-        for p in paths:
-            if p.startswith("/"):
-                root = f"/proc/{pid}/root{p}"
-                self.consider(root if os.path.exists(root) else p)
+        """A process's mapped files (at attach, fork, exec, or a new snapshot). A file deleted since it was mapped
+        is skipped: its path names another file now, or none."""
+        with charged_to(self.allowance(pid)):
+            for p in paths:
+                if p.startswith("/") and not p.endswith(" (deleted)"):
+                    root = f"/proc/{pid}/root{p}"
+                    self.consider(root if os.path.exists(root) else p)
+
+    def allowance(self, pid: int) -> Allowance:
+        """What target `pid` may still make us inflate or copy (core/limits.py)."""
+        a = self._allowances.get(pid)
+        if a is None:
+            a = self._allowances[pid] = Allowance(f"pid {pid}")
+        return a
 
     def _on_open(self, rec: OpenRecord) -> None:
         try:
-            self.consider(os.fsdecode(rec.path), rec.pid)
-            self._bpf.mark_library_seen(fnv1a(rec.path))
-            if self._on_stop:
-                self._on_stop(rec.pid)  # the libraries opened before this one are mapped by now
+            with charged_to(self.allowance(rec.pid)):
+                self._hold_no_longer(rec.pid)
+                self.consider(os.fsdecode(rec.path), rec.pid)
+                self._remember_library(rec.path)
+                if self._on_stop:
+                    self._hold_no_longer(rec.pid)
+                    self._on_stop(rec.pid)  # the libraries opened before this one are mapped by now
         finally:
             self._continue(rec.pid)
 
+    def _remember_library(self, path: bytes) -> None:
+        """Opens of `path` stop targets no more; a full BPF set only means its next open stops again."""
+        try:
+            self._bpf.mark_library_seen(fnv1a(path))
+        except OSError as e:
+            self.libs_seen_full += 1
+            if self.libs_seen_full == 1:
+                log.warning("libraries seen: %s (later opens of such paths stop their target again)", e)
+
+    def _hold_no_longer(self, pid: int) -> None:
+        """Continue `pid` now if it has been stopped for the deadline already (its record was read late, or our
+        work took long): what remains is done with the target running."""
+        since = self._stopped.get(pid)
+        if since is not None and time.monotonic_ns() - since >= self.stop_deadline_ns:
+            self.stops_late += 1
+            self._continue(pid)
+
     def _continue(self, pid: int) -> None:
+        since = self._stopped.pop(pid, None)
+        if since is None:
+            return
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-        self._stopped.discard(pid)
+        try:
+            self._bpf.resumed(pid, since)
+        except OSError:
+            pass  # the watchdog's record of the stop outlives it by its deadline at most
 
     # --- calls ------------------------------------------------------------------------------------------------
 
     def on_record(self, rec: ProbeRecord) -> None:
         if isinstance(rec, OpenRecord):
-            self._stopped.add(rec.pid)
+            self._stopped[rec.pid] = rec.time_ns
             self._on_open(rec)
         elif isinstance(rec, CallRecord):
             if rec.probe < len(self._specs) and self._specs[rec.probe][1].stop:
-                self._stopped.add(rec.pid)
+                self._stopped[rec.pid] = rec.time_ns
                 try:
-                    self._on_call(rec)
-                    if self._on_stop:
-                        self._on_stop(rec.pid)
+                    with charged_to(self.allowance(rec.pid)):
+                        self._hold_no_longer(rec.pid)
+                        self._on_call(rec)
+                        if self._on_stop:
+                            self._hold_no_longer(rec.pid)
+                            self._on_stop(rec.pid)
                 finally:
                     self._continue(rec.pid)
                 return
-            self._on_call(rec)
+            with charged_to(self.allowance(rec.pid)):
+                self._on_call(rec)
         else:
             self._on_ret(rec)
 
@@ -287,6 +343,10 @@ class ProbeManager:
         stack = self._open.get(rec.tid)
         if not stack or rec.probe >= len(self._specs):
             return
+        with charged_to(self.allowance(rec.pid)):
+            self._pair(rec, stack)
+
+    def _pair(self, rec: RetRecord, stack: list[Call]) -> None:
         spec = self._specs[rec.probe][1]
         # The innermost open call of this probe returned (calls deeper than it lost their returns).
         for i in range(len(stack) - 1, -1, -1):
@@ -296,6 +356,8 @@ class ProbeManager:
                     self.returns_lost += 1
                     self._finish(orphan)
                 del stack[i:]
+                if not stack:
+                    del self._open[rec.tid]  # thread ids come and go: no entry per thread that ever called
                 call.end_ns, call.ret, call.out = rec.time_ns, rec.ret, rec.out
                 self._finish(call)
                 return
@@ -316,6 +378,7 @@ class ProbeManager:
     def forget(self, pid: int) -> None:
         for rt in self.runtimes:
             rt.forget(pid)
+        self._allowances.pop(pid, None)
 
     def drop_open_calls(self, pid: int) -> None:
         """The process exited: its calls that never returned are dropped (they are kept by thread id)."""

@@ -27,9 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
     from aiflame.agent.daemon.config import load_config
     from aiflame.agent.daemon.server import run_daemon
+    from aiflame.core import limits
 
     if args.check:
         cfg = load_config(args.config)
         Console(highlight=False).print(f"{escape(cfg.source)}: ok\n{escape(repr(cfg))}", soft_wrap=True)
         return 0
+    limits.use(limits.AGENT_LIMITS)  # we read what the targets point us at, as root
     return run_daemon(args.config)

@@ -28,9 +28,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console()
     status = doctor(console)
+    daemon_hardening(console)
     if args.pid is not None:
         unwind_coverage(console, args.pid)
     return status
+
+
+def daemon_hardening(console: Console) -> None:
+    """The daemon's sandbox: the shipped unit's hardening against the installed one's, and what a running daemon
+    has in fact (docs/daemon.md, "Security")."""
+    from aiflame.cli.unit_hardening import unit_table
+
+    rows, daemons = unit_table()
+    table = Table(title="daemon unit hardening (deploy/aiflame-agent.service)", title_justify="left")
+    for col in ("setting", "shipped", "installed"):
+        table.add_column(col)
+    for key, shipped, installed in rows:
+        mark = "" if installed in (shipped, "(not installed)") else "[yellow]"
+        table.add_row(key, shipped, f"{mark}{installed}")
+    console.print(table)
+    for d in daemons:
+        console.print(f"running daemon pid {d.pid}: capability bounding set {' '.join(d.capabilities) or 'empty'}; "
+                      f"no-new-privileges {'yes' if d.no_new_privs else '[yellow]no[/]'}; controlling terminal "
+                      f"{'none' if not d.tty else f'[red]{d.tty:#x}[/]'}; memory limit {d.memory_limit}",
+                      highlight=False, soft_wrap=True)
+    if not daemons:
+        console.print("no daemon running", highlight=False)
 
 
 def unwind_coverage(console: Console, pid: int) -> None:

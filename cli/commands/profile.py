@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tgt = p.add_argument_group("target")
     tgt.add_argument("-p", "--pid", type=int, help="profile this running process and all its threads")
     tgt.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: start CMD and follow its children")
+    tgt.add_argument("--keep-running", action="store_true",
+                     help="with -- CMD: leave the command running when profile ends or is killed (by default it "
+                          "gets SIGTERM then)")
     smp = p.add_argument_group("sampling")
     smp.add_argument("-d", "--duration", type=argtypes.positive_float,
                      help="seconds to capture (default: until exit/Ctrl-C)")
@@ -93,10 +96,12 @@ def run(args: argparse.Namespace) -> int:
     from aiflame.agent.outputs import capture_views, write_views
     from aiflame.agent.session import Session, SessionConfig
     from aiflame.cli.summary import print_summary
+    from aiflame.core import limits
     from aiflame.core.capture import read_capture
     from aiflame.symbolize.native import NativeSymbolizer
     from aiflame.symbolize.stacks import symbolize_capture
 
+    limits.use(limits.AGENT_LIMITS)  # we read what the targets point us at, as root
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -121,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                         delay_s=0.0 if args.delay == "collective" else args.delay,
                         from_first_collective=args.delay == "collective",
                         sampler=sampler, argv=["aiflame", *args.argv], runtimes=not args.no_runtimes,
-                        gpu_samples=not args.no_gpu_samples,
+                        gpu_samples=not args.no_gpu_samples, keep_running=args.keep_running,
                         cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,
                                            max_stream_bytes=args.gpu_stream_limit))
     console = Console()

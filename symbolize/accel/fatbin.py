@@ -14,18 +14,17 @@ entry does not hide the others.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import struct
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-import lz4.block
-import zstandard
-
+from aiflame.core import limits
+from aiflame.core.safe_files import FileRefused, open_regular
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.inflate import InflateError, inflate_lz4, inflate_zstd
 
 __all__ = [
     "FATBIN_MAGIC",
@@ -35,6 +34,7 @@ __all__ = [
     "fatbin_size",
     "find_fatbins",
     "iter_entries",
+    "iter_file_entries",
     "read_fatbin_file",
 ]
 
@@ -49,9 +49,6 @@ _FLAG_OLD_LZ = 0x1000
 _FLAG_LZ4 = 0x2000
 _FLAG_ZSTD = 0x8000
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-# Bounds against lying headers: a cubin of a real library is a few MiB; LZ4 cannot expand more than ~255x.
-_MAX_PAYLOAD = 1 << 30
-_LZ4_MAX_RATIO = 255
 _ELF64_HEADER = struct.Struct("<QQQIHHHHHH")  # e_entry .. e_shstrndx, from offset 0x18
 _SHDR64 = struct.Struct("<IIQQQQIIQQ")
 _SHT_NOBITS = 8
@@ -131,27 +128,68 @@ def iter_entries(
         spans = find_fatbins(raw)
     except FatbinError as e:
         raise FatbinError(f"{label}: {e}") from None
+
+    def read(off: int, n: int) -> bytes:
+        return raw[off : off + n]
+
     for start, size in spans:
-        yield from _container_entries(raw, start, size, label, only)
+        yield from _container_entries(read, start, size, label, only)
+
+
+def iter_file_entries(fd: int, offset: int, *, label: str = "fatbin", limit: int | None = None,
+                      only: Container[int] | None = None) -> Iterator[FatbinEntry]:
+    """The entries of the one fatbin container at `offset` of the open file `fd`, read one payload at a time:
+    only the entry being decoded is ever in memory, never the container (a registration may name hundreds of
+    MiB). `limit`: the most bytes the container may span (e.g. what its registration said). Offsets in the
+    entries are relative to `offset`. FatbinError as iter_entries."""
+    try:
+        file_size = os.fstat(fd).st_size
+    except OSError as e:
+        raise FatbinError(f"{label}: {e.strerror or e}") from None
+
+    def read(off: int, n: int) -> bytes:
+        try:
+            data = os.pread(fd, n, offset + off)
+        except OSError as e:
+            raise FatbinError(f"{label}: read failed: {e.strerror or e}") from None
+        if len(data) != n:
+            raise FatbinError(f"{label}: truncated at {off:#x}")
+        return data
+
+    try:
+        size = fatbin_size(read(0, _HEADER.size))
+    except FatbinError as e:
+        raise FatbinError(f"{label}: {e}") from None
+    if offset + size > file_size or (limit is not None and size > limit):
+        raise FatbinError(f"{label}: fatbin at {offset:#x} runs past its file or registration ({size} bytes)")
+    yield from _container_entries(read, 0, size, label, only)
 
 
 def _container_entries(
-    raw: bytes, start: int, size: int, label: str, only: Container[int] | None
+    read: Callable[[int, int], bytes], start: int, size: int, label: str, only: Container[int] | None
 ) -> Iterator[FatbinEntry]:
-    hsize = _HEADER.unpack_from(raw, start)[2]
+    hsize = _HEADER.unpack(read(start, _HEADER.size))[2]
     pos, end = start + hsize, start + size
+    cap = limits.current().payload_bytes
     while pos < end:
         if pos + _ENTRY_MIN > end:
             raise FatbinError(f"{label}: entry header at {pos:#x} truncated")
-        kind, _tag, ehsize, padded, csize, _opts, _minor, _major, arch, _no, _nl, flags = _ENTRY.unpack_from(raw, pos)
-        (usize,) = struct.unpack_from("<Q", raw, pos + 0x38)
+        head = read(pos, _ENTRY_MIN)
+        kind, _tag, ehsize, padded, csize, _opts, _minor, _major, arch, _no, _nl, flags = _ENTRY.unpack_from(head, 0)
+        (usize,) = struct.unpack_from("<Q", head, 0x38)
         if ehsize < _ENTRY_MIN:
             raise FatbinError(f"{label}: entry at {pos:#x} has header size {ehsize}")
         body = pos + ehsize
-        if body + padded > end or padded > _MAX_PAYLOAD:
+        if body + padded > end:
             raise FatbinError(f"{label}: entry at {pos:#x} runs past its fatbin ({padded} bytes)")
         if kind in _KINDS and (only is None or pos in only):
-            yield _decode_entry(raw[body : body + padded], _KINDS[kind], arch, flags, csize, usize, pos)
+            if (csize or padded) > cap:
+                yield FatbinEntry(_KINDS[kind], arch, flags, b"", "", pos,
+                                  f"{_KINDS[kind]} sm_{arch} entry at {pos:#x}: {csize or padded} bytes, more than "
+                                  f"the {cap} read of one entry")
+            else:
+                payload = read(body, min(padded, csize) if csize else padded)
+                yield _decode_entry(payload, _KINDS[kind], arch, flags, csize, usize, pos)
         pos = body + padded
 
 
@@ -167,53 +205,26 @@ def _decode_entry(
 
 
 def decompress_payload(payload: bytes, flags: int, compressed_size: int, uncompressed_size: int) -> bytes:
-    """The entry's payload decompressed per its header fields (padding kept); FatbinError when it cannot be."""
+    """The entry's payload decompressed per its header fields (padding kept); FatbinError when it cannot be,
+    or when it would be larger than core/limits.py allows (payload_bytes, and the served process's allowance)."""
     if not compressed_size:
         return payload
     if compressed_size > len(payload):
         raise FatbinError(f"compressed size {compressed_size} exceeds the payload ({len(payload)} bytes)")
     src = payload[:compressed_size]
-    if flags & _FLAG_ZSTD:
-        return _zstd(src, uncompressed_size)
-    if flags & _FLAG_LZ4:
-        return _lz4(src, uncompressed_size)
+    cap = limits.current().payload_bytes
+    try:
+        if flags & _FLAG_ZSTD:
+            if not src.startswith(_ZSTD_MAGIC):
+                raise FatbinError("zstd payload without a zstd frame")
+            return inflate_zstd(src, uncompressed_size, cap, "zstd payload")
+        if flags & _FLAG_LZ4:
+            return inflate_lz4(src, uncompressed_size, cap, "LZ4 payload")
+    except InflateError as e:
+        raise FatbinError(str(e)) from None
     if flags & _FLAG_OLD_LZ:
         raise FatbinError("unsupported compression: older NVIDIA LZ (flag 0x1000); `cuobjdump -xelf` can extract it")
     raise FatbinError(f"compressed with unknown method (flags {flags:#x})")
-
-
-def _zstd(src: bytes, usize: int) -> bytes:
-    if not src.startswith(_ZSTD_MAGIC):
-        raise FatbinError("zstd payload without a zstd frame")
-    limit = usize if 0 < usize <= _MAX_PAYLOAD else _MAX_PAYLOAD
-    chunks: list[bytes] = []
-    got = 0
-    try:
-        # A stream reader bounds the output whatever the frame claims (decompress() trusts its content size).
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(src)) as reader:
-            while got <= limit:
-                chunk = reader.read(limit + 1 - got)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                got += len(chunk)
-    except zstandard.ZstdError as e:
-        raise FatbinError(f"corrupt zstd payload: {e}") from None
-    if got > limit or (usize and got != usize) or not got:
-        raise FatbinError(f"zstd payload decompressed to {got} bytes, header says {usize}")
-    return b"".join(chunks)
-
-
-def _lz4(src: bytes, usize: int) -> bytes:
-    if not 0 < usize <= min(_MAX_PAYLOAD, len(src) * _LZ4_MAX_RATIO + 64):
-        raise FatbinError(f"implausible uncompressed size {usize} for an LZ4 block of {len(src)} bytes")
-    try:
-        out: bytes = lz4.block.decompress(src, uncompressed_size=usize)
-    except lz4.block.LZ4BlockError as e:
-        raise FatbinError(f"corrupt LZ4 payload: {e}") from None
-    if len(out) != usize:
-        raise FatbinError(f"LZ4 payload decompressed to {len(out)} bytes, header says {usize}")
-    return out
 
 
 def _elf_extent(data: bytes) -> int:
@@ -240,26 +251,31 @@ def _elf_extent(data: bytes) -> int:
 def read_fatbin_file(path: str | os.PathLike[str]) -> tuple[str, bytes]:
     """(what, bytes) of the device code in `path`: ("elf", its `.nv_fatbin`) for a host ELF; ("fatbin", the
     file) for a fatbin file; ("cubin", the file) for a cubin. A host ELF without device code gives ("elf", b"").
-    Raises SymbolizeError when the file is unreadable or none of these.
+    Raises SymbolizeError when the file is unreadable, larger than a payload may be, or none of these.
     """
     label = os.fsdecode(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(64)
+        fd, st = open_regular(path)
     except OSError as e:
         raise FatbinError(f"{label}: {e.strerror or e}") from None
-    if len(head) >= 4 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC:
-        return "fatbin", _read_all(path, label)
-    if len(head) >= 20 and head[:4] == b"\x7fELF" and head[5] == 1 and struct.unpack_from("<H", head, 18)[0] == 190:
-        return "cubin", _read_all(path, label)
+    except FileRefused as e:
+        raise FatbinError(str(e)) from None
+    try:
+        head = os.pread(fd, 64, 0)
+        is_cubin = (len(head) >= 20 and head[:4] == b"\x7fELF" and head[5] == 1
+                    and struct.unpack_from("<H", head, 18)[0] == 190)
+        if is_cubin or (len(head) >= 4 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC):
+            cap = limits.current().payload_bytes
+            if st.st_size > cap:
+                raise FatbinError(f"{label}: {st.st_size} bytes, more than a fatbin or cubin is read ({cap})")
+            data = os.pread(fd, st.st_size, 0)
+            if len(data) != st.st_size:
+                raise FatbinError(f"{label}: changed while read")
+            return ("cubin" if is_cubin else "fatbin"), data
+    except OSError as e:
+        raise FatbinError(f"{label}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
     with ElfFile.open(path) as elf:
         sec = elf.section(".nv_fatbin")
         return "elf", elf.read_section(sec) if sec is not None else b""
-
-
-def _read_all(path: str | os.PathLike[str], label: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise FatbinError(f"{label}: {e.strerror or e}") from None

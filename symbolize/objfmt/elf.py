@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import weakref
-import zlib
 
+from aiflame.core import limits
+from aiflame.core.limits import charge
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf_format import (
     ET_DYN,
-    MAX_SECTION_BYTES,
     PT_LOAD,
     PT_NOTE,
     SHF_COMPRESSED,
@@ -33,6 +33,7 @@ from aiflame.symbolize.objfmt.elf_format import (
     read_segments,
 )
 from aiflame.symbolize.objfmt.elf_symbols import Symbol, function_addresses, function_symbols
+from aiflame.symbolize.objfmt.inflate import inflate_zlib
 
 __all__ = ["ElfFile", "read_build_id"]
 
@@ -192,13 +193,20 @@ class ElfFile:
     # --- sections -----------------------------------------------------------------------------------------
 
     def read_section(self, sec: Section) -> bytes:
-        """The contents of `sec`, decompressed when SHF_COMPRESSED (zlib) or a GNU .zdebug section."""
+        """The contents of `sec`, decompressed when SHF_COMPRESSED (zlib) or a GNU .zdebug section. Both the
+        bytes read and the bytes inflated are capped by core/limits.py (section_bytes, and the allowance of the
+        process being served)."""
         if sec.type == SHT_NOBITS or sec.size == 0:
             return b""
-        if sec.size > MAX_SECTION_BYTES or sec.offset + sec.size > self._size:
+        if sec.offset + sec.size > self._size:
             raise SymbolizeError(f"{self._label}: section {sec.name or '?'} lies outside the file")
         if self._fd is None:
             raise SymbolizeError(f"{self._label}: file is closed")
+        what = f"{self._label}: section {sec.name or '?'}"
+        try:
+            charge(sec.size, what, limits.current().section_bytes)
+        except limits.LimitExceeded as e:
+            raise SymbolizeError(str(e)) from None
         try:
             data = os.pread(self._fd, sec.size, sec.offset)
         except OSError as e:
@@ -213,22 +221,11 @@ class ElfFile:
             ch_type, ch_size = f[0], (f[2] if self.is64 else f[1])
             if ch_type != _ELFCOMPRESS_ZLIB:
                 raise SymbolizeError(f"{self._label}: unsupported compression {ch_type} in {sec.name}")
-            return self._inflate(data[ch.size :], ch_size, sec.name)
+            return inflate_zlib(memoryview(data)[ch.size:], ch_size, limits.current().section_bytes, what)
         if sec.name.startswith(".zdebug") and data[:4] == b"ZLIB" and len(data) >= 12:
-            return self._inflate(data[12:], int.from_bytes(data[4:12], "big"), sec.name)
+            return inflate_zlib(memoryview(data)[12:], int.from_bytes(data[4:12], "big"),
+                                limits.current().section_bytes, what)
         return data
-
-    def _inflate(self, data: bytes, size: int, name: str) -> bytes:
-        if size > MAX_SECTION_BYTES:
-            raise SymbolizeError(f"{self._label}: implausible size of compressed {name}")
-        try:
-            # max_length bounds the output so a lying header cannot balloon memory.
-            out = zlib.decompressobj().decompress(data, size + 1)
-        except zlib.error:
-            raise SymbolizeError(f"{self._label}: corrupt compressed section {name}") from None
-        if len(out) != size:
-            raise SymbolizeError(f"{self._label}: compressed section {name} has the wrong size")
-        return out
 
     def is_compressed(self, sec: Section) -> bool:
         """Whether the section's bytes must be inflated (SHF_COMPRESSED or a GNU .zdebug section)."""

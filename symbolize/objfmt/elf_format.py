@@ -5,11 +5,12 @@ these; cubin.py reads in-memory cubins with them. Every malformed-input path rai
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from aiflame.core import limits
+from aiflame.core.safe_files import FileRefused, open_regular
 from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = [
@@ -41,7 +42,6 @@ _NT_GNU_BUILD_ID = 3
 
 _HEAD_READ = 4096  # one read covers the ELF header, program headers and notes of almost every binary
 _MAX_NOTE_BYTES = 1 << 20
-MAX_SECTION_BYTES = 1 << 32
 _MAX_TABLE_ENTRIES = 1 << 20  # sanity bound on e_phnum / e_shnum (extended numbering allows 2^32)
 
 
@@ -169,20 +169,15 @@ class Reader:
 
 
 def _open_regular(path: str | os.PathLike[str]) -> tuple[int, int, str]:
-    """Open a regular file for reading; (fd, size, label). O_NONBLOCK so a FIFO cannot hang us."""
+    """Open a regular file for reading; (fd, size, label). The path may come from a watched process: nothing but a
+    regular file is opened at all (core/safe_files.py: no terminal, FIFO or device)."""
     label = os.fsdecode(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd, st = open_regular(path)
     except OSError as e:
         raise SymbolizeError(f"{label}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-    except OSError as e:
-        os.close(fd)
-        raise SymbolizeError(f"{label}: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise SymbolizeError(f"{label}: not a regular file")
+    except FileRefused:
+        raise SymbolizeError(f"{label}: not a regular file") from None
     return fd, st.st_size, label
 
 
@@ -251,7 +246,7 @@ def read_sections(r: Reader, h: Header, shnum: int, shstrndx: int) -> list[Secti
     names = b""
     if 0 < shstrndx < shnum:
         s = raw[shstrndx]
-        if s[1] != SHT_NOBITS and s[5] <= MAX_SECTION_BYTES:
+        if s[1] != SHT_NOBITS and s[5] <= limits.current().section_bytes:
             names = r.read(s[4], s[5], "section name table")
     out = []
     for f in raw:

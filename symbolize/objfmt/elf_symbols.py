@@ -64,11 +64,15 @@ def function_symbols(elf: ElfFile) -> list[Symbol]:
 def function_addresses(elf: ElfFile, names: set[str]) -> dict[str, int]:
     """Link-time address of each of `names` that is a defined function in .symtab or .dynsym.
 
-    Unlike function_symbols(), aliases are kept: every name that is asked for and present is found."""
+    Unlike function_symbols(), aliases are kept: every name that is asked for and present is found. .dynsym is
+    searched first and .symtab only when names are still missing (a name in both has one address): a library's
+    exported calls are found without reading its full symbol table, which is time a target stays stopped at its
+    library open."""
     out: dict[str, int] = {}
-    for sec in elf.sections:
-        if sec.type not in (SHT_SYMTAB, SHT_DYNSYM):
-            continue
+    tables = sorted((s for s in elf.sections if s.type in (SHT_SYMTAB, SHT_DYNSYM)), key=lambda s: s.type != SHT_DYNSYM)
+    for sec in tables:
+        if names <= out.keys():
+            break
         try:
             for value, _size, _rank, name in _read_function_symbols(elf, sec):
                 if name in names:

@@ -78,6 +78,10 @@ def test_daemon_under_the_units_sandbox(tmp_path: Path, request: pytest.FixtureR
     if unit.get("PrivateTmp") == "yes":
         script += "mount -t tmpfs tmpfs /tmp\n"
     script += "mount -o remount,bind,ro /\n" + "".join(f"mount -o remount,bind,rw {shlex.quote(p)}\n" for p in rw)
+    if unit.get("ProtectKernelTunables") == "yes":  # /proc/sys and everything under /sys read-only
+        script += ("mount --bind /proc/sys /proc/sys\nmount -o remount,bind,ro /proc/sys\n"
+                   "for m in $(awk '$2 ~ \"^/sys\" {print $2}' /proc/self/mounts); do mount -o remount,bind,ro \"$m\"; "
+                   "done\n")
     script += shlex.join(["exec", "setpriv", f"--bounding-set=-all,{caps}", "--no-new-privs", sys.executable, "-m",
                           "aiflame", "agent", "--config", str(config)])
     log = tmp_path / "agent.log"

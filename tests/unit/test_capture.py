@@ -174,3 +174,56 @@ def test_stalls_are_batched_and_keep_order(tmp_path: Path) -> None:
     w.close(CaptureFooter())
     assert w.stalls_written == n
     assert read_capture(path).stalls == ss
+
+
+def _cut_capture(tmp_path: Path, n: int) -> tuple[Path, bytes]:
+    """A capture of `n` samples whose writer was killed: no footer, the last record cut in half."""
+    ss = [RawSample(1000 + i, 7, 7, 0, "x", (0x1100,), (), 0, 0) for i in range(n)]
+    path = tmp_path / "c.aiflame"
+    write_capture(path, _capture(ss))
+    data = path.read_bytes()
+    path.unlink()
+    partial = tmp_path / "c.aiflame.partial"
+    partial.write_bytes(data[: len(data) * 3 // 4])  # well before the footer, inside some sample record
+    return partial, data
+
+
+def test_a_capture_cut_short_is_recovered(tmp_path: Path) -> None:
+    from aiflame.core.capture import recover_capture
+
+    partial, whole = _cut_capture(tmp_path, 200)
+    with pytest.raises(CaptureError, match="aiflame recover"):
+        read_capture(partial)
+    cap = read_capture(partial, partial=True)
+    assert cap.footer is None and 0 < len(cap.samples) < 200 and cap.processes
+    out = tmp_path / "c.aiflame"
+    back = recover_capture(partial, out)
+    again = read_capture(out)
+    assert again.footer is not None and again.footer.stop_reason == "recovered"
+    assert again.footer.counters == {"recovered": 1} and again.samples == back.samples == cap.samples
+    assert again.footer.end_mono_ns == cap.samples[-1].time_ns
+    assert not list(tmp_path.glob(".*recovering*"))
+    (tmp_path / "junk").write_bytes(b"junk")
+    with pytest.raises(CaptureError, match="bad magic"):
+        recover_capture(tmp_path / "junk", tmp_path / "j.aiflame")
+
+
+def test_recover_command(tmp_path: Path) -> None:
+    from aiflame.cli.main import main
+
+    partial, _ = _cut_capture(tmp_path, 50)
+    assert main(["recover", str(partial)]) == 0
+    assert read_capture(tmp_path / "c.aiflame").footer is not None
+    assert main(["export", str(tmp_path / "c.aiflame"), "--format", "folded", "-o", str(tmp_path / "c.folded")]) == 0
+    assert (tmp_path / "c.folded").stat().st_size > 0
+
+
+def test_writer_replaces_a_planted_partial_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "c.aiflame.partial").symlink_to(victim)
+    w = CaptureWriter(out / "c.aiflame", _capture([]).header)
+    w.close(CaptureFooter())
+    assert victim.read_bytes() == b"root's" and read_capture(out / "c.aiflame").footer is not None

@@ -9,6 +9,7 @@ import json
 import os
 import struct
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,40 @@ def test_build_is_cached_and_rebuilt_per_key(cupti: CuptiInstall, tmp_path: Path
     needed = subprocess.run(["readelf", "-d", str(a)], capture_output=True, text=True, check=True).stdout
     assert "cupti" not in needed and "libcuda" not in needed
     assert os.access(a, os.R_OK)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.stalls: list[object] = []
+
+    def add_stalls(self, samples: Iterable[object]) -> None:
+        self.stalls.extend(samples)
+
+    def add_gpu_code(self, c: object) -> bool:
+        return True
+
+
+def test_planted_files_in_the_stream_directory_are_refused_fast(tmp_path: Path) -> None:
+    """Anyone may write into the stream directory (targets drop privileges): a FIFO, /dev/zero behind a symlink
+    or a huge sparse file planted there must neither hang the capture's end nor take its memory."""
+    import time
+    from typing import Any, cast
+
+    from aiflame.agent.accel.cupti import CuptiCollector, CuptiOptions, StreamDir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    sd = StreamDir(out)
+    assert oct(os.stat(sd.path).st_mode & 0o7777) == "0o1733" and sd.path.name.startswith(".cupti-")
+    os.mkfifo(sd.path / "cupti-1.stream")
+    (sd.path / "cupti-2.stream").symlink_to("/dev/zero")
+    with open(sd.path / "cupti-3.stream", "wb") as f:
+        f.truncate(8 << 30)
+    opts = CuptiOptions(max_stream_bytes=1 << 20)
+    col = CuptiCollector(cast(Any, None), tmp_path / "lib.so", sd, opts)
+    t0 = time.monotonic()
+    res = col.collect(_Sink())
+    assert time.monotonic() - t0 < 5
+    assert res.counters.get("cupti_streams_unreadable") == 3 and res.processes == 0
+    assert any("not a regular file" in w for w in res.warnings), res.warnings
+    assert any("more than the" in w for w in res.warnings), res.warnings

@@ -42,8 +42,9 @@ class FakeSource:
         self.path, self.target = path, target
         path.write_bytes(b"capture")
 
-    def add_target(self, pid: int) -> None:
+    def add_target(self, pid: int) -> bool:
         self._targets.append(pid)
+        return True
 
     def tick(self, timeout_s: float) -> None:
         self.ticks += 1

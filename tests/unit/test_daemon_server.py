@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,17 +38,23 @@ class FakeCollector:
         self.removed: list[int] = []
         self.window_samples = 5
         self.probed_libraries = 3
+        self.targets_refused = 0
 
-    def add_target(self, pid: int) -> None:
-        self.targets.append(pid)
+    def add_target(self, pid: int) -> bool:
+        if pid not in self.targets:
+            self.targets.append(pid)
+        return True
+
+    def samples(self, pid: int) -> bool:
+        return pid in self.targets
 
     def remove_target(self, pid: int) -> None:
         self.removed.append(pid)
         self.targets.remove(pid)
 
 
-def _info(pid: int) -> ProcInfo:
-    return ProcInfo(pid, 0.0, f"job{pid}", "/bin/job", "job", "/", frozenset({"cuda"}))
+def _info(pid: int, uid: int = 1000) -> ProcInfo:
+    return ProcInfo(pid, 0.0, f"job{pid}", "/bin/job", "job", "/", frozenset({"cuda"}), uid)
 
 
 @pytest.fixture
@@ -68,6 +75,23 @@ def test_scan_samples_new_targets_up_to_the_limit(daemon: Daemon, monkeypatch: p
     coll.exited = [1, 42]  # a target and a child of one
     daemon._handle_exits(coll.exited)
     assert disc.forgotten == [3, 1, 42] and coll.exited == [] and list(disc.targets) == [2]
+
+
+def test_no_user_crowds_out_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One user's processes fill their share only; children a target forked count for no limit (issue #20)."""
+    cfg = DaemonConfig(output=OutputConfig(dir=tmp_path / "out"), control=ControlConfig(socket=tmp_path / "s"),
+                       limits=LimitsConfig(max_targets=3, max_targets_per_user=2))
+    daemon = Daemon(cfg)
+    coll = FakeCollector([7])  # 7: a child of a target, followed since its fork; 8, forked by 7, not yet drained
+    disc = FakeDiscovery([_info(7, 666), _info(1, 666), _info(2, 666), replace(_info(8, 666), ppid=7),
+                          _info(3, 666), _info(4, 1000)], gone=[])
+    monkeypatch.setattr(daemon, "discovery", disc)
+    monkeypatch.setattr(daemon, "collector", coll)
+    daemon._scan()
+    assert coll.targets == [7, 1, 2, 8, 4] and disc.forgotten == [3] and daemon.too_many_targets == 1
+    disc.new = [_info(5, 0)]
+    daemon._scan()
+    assert coll.targets == [7, 1, 2, 8, 4] and disc.forgotten == [3, 5]  # the three slots are taken
 
 
 def test_latest_windows_and_status(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:

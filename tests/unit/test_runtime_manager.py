@@ -27,6 +27,7 @@ class FakeBpf:
         self.specs: dict[int, ProbeSpecRec] = {}
         self.attached: list[tuple[str, int, int, bool]] = []
         self.seen: set[int] = set()
+        self.resumed_pids: list[int] = []
 
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
         self.specs[probe] = spec
@@ -36,6 +37,9 @@ class FakeBpf:
 
     def mark_library_seen(self, path_hash: int) -> None:
         self.seen.add(path_hash)
+
+    def resumed(self, pid: int, stopped_ns: int) -> None:
+        self.resumed_pids.append(pid)
 
 
 class Libc(Runtime):

@@ -7,10 +7,10 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import struct
 import tempfile
 
+from aiflame.core.safe_files import FileRefused, read_regular
 from aiflame.symbolize.cache import default_cache_dir
 from aiflame.symbolize.objfmt.cfi.build import Engine, _build, _Opened
 from aiflame.symbolize.objfmt.cfi.fast import _fast_lib, _private_dir
@@ -111,26 +111,15 @@ def _check_rows_py(rows: bytes, nrows: int, nrules: int) -> int:
 
 
 def _read_cached(path: str, key: str) -> UnwindTable | None:
+    limit = _HEAD.size + 4096 + MAX_RULES * RULE.size + MAX_ROWS * ROW.size
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        _private_dir(os.path.dirname(path), create=False)
+        data = read_regular(path, limit, follow=False)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        log.debug("CFI cache %s unreadable: %s", path, e)
+    except (OSError, CfiError, FileRefused) as e:
+        log.debug("CFI cache %s ignored: %s", path, e)
         return None
-    try:
-        st = os.fstat(fd)
-        limit = _HEAD.size + 4096 + MAX_RULES * RULE.size + MAX_ROWS * ROW.size
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            log.debug("CFI cache %s ignored: not a plausible file", path)
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read()
-    except OSError as e:
-        log.debug("CFI cache %s unreadable: %s", path, e)
-        return None
-    finally:
-        os.close(fd)
     try:
         return decode_table(data, key)
     except (ValueError, TypeError, struct.error) as e:

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import threading
 
+from aiflame.core.safe_files import FileRefused, trusted_dir
 from aiflame.symbolize.cache import default_cache_dir
 from aiflame.symbolize.objfmt.cfi.parse import _Input
 from aiflame.symbolize.objfmt.cfi.program import _Bad
@@ -60,13 +61,16 @@ class _FastState:
 _fast_state = _FastState()
 
 
-def _private_dir(path: str) -> None:
-    """Create `path` (0700) if needed; CfiError unless it is a directory only we can write to, since we load
-    code from it."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise CfiError(f"{path}: not a private directory (owner {st.st_uid}, mode {st.st_mode & 0o777:o})")
+def _private_dir(path: str, create: bool = True) -> None:
+    """Create `path` (0700) if needed; CfiError unless only we (and root) can change it or any directory above
+    it (core/safe_files.py trusted_dir): we load code from it, and a user who owns a directory on the way (a
+    home directory kept by sudo) could otherwise swap in one of theirs. Paths under it are then stable."""
+    try:
+        os.close(trusted_dir(os.path.abspath(path), create=create, mode=0o700))
+    except FileRefused as e:
+        raise CfiError(f"{path}: not a private directory ({e})") from None
+    except OSError as e:
+        raise CfiError(f"{path}: not a private directory ({e.strerror or e})") from None
 
 
 def _compiled_path(cache_dir: str | None = None) -> str:
