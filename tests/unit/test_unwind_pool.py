@@ -4,6 +4,7 @@ synthetic; the files are copies of a real ELF (the loader reads its segments for
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from collections.abc import Callable
@@ -87,8 +88,9 @@ def make_pool(capacity: int, tables: dict[str, UnwindTable | Exception]) -> Pool
     built: list[str] = []
 
     def table_for(path: str) -> UnwindTable:
-        built.append(Path(path).name)
-        t = tables[Path(path).name]
+        name = Path(os.path.realpath(path)).name  # the loader passes the open file (/proc/self/fd/N)
+        built.append(name)
+        t = tables[name]
         if isinstance(t, Exception):
             raise t
         return t
