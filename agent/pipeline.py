@@ -19,9 +19,11 @@ from aiflame.agent.rank_env import rank_event
 from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import ProbeManager
 from aiflame.core.capture import CaptureWriter
+from aiflame.core.model import EventKind
 from aiflame.core.raw import PyRuntimeInfo, RawSample
 from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
+FIRST_COLLECTIVE = -1  # samples_from_ns: wait for the first collective call
 REMAP_MIN_S = 0.5  # re-read a process's maps at most this often when addresses fall outside them
 
 
@@ -109,6 +111,10 @@ class CapturePipeline:
         self.probes: ProbeManager | None = None
         self.writer: CaptureWriter | None = None
         self._samples: list[RawSample] = []  # drained from the ring, not yet written
+        # CPU samples before this CLOCK_MONOTONIC time are left out (--delay); FIRST_COLLECTIVE: until a target
+        # makes its first collective call (training has started), then from its start
+        self.samples_from_ns = 0
+        self.before_delay = 0  # samples left out so far
         self._procs: list[ProcEvent] = []
         self._env_ranked: set[int] = set()  # pids whose rank was read from their environment
 
@@ -195,6 +201,12 @@ class CapturePipeline:
         self.stats.samples += len(self._samples)
         for pid in {s.pid for s in self._samples} - self.python.procs.keys():
             self._attach_python(pid)
+        if self.samples_from_ns:  # --delay: the walker is attached meanwhile, the samples are left out
+            kept = [] if self.samples_from_ns == FIRST_COLLECTIVE else \
+                [s for s in self._samples if s.time_ns >= self.samples_from_ns]
+            self.before_delay += len(self._samples) - len(kept)
+            self.stats.samples -= len(self._samples) - len(kept)
+            self._samples[:] = kept
         for code in self.python.codes(self._samples, mono_ns()):
             writer.add_py_code(code)
         writer.add_samples(self._samples)
@@ -213,6 +225,10 @@ class CapturePipeline:
         self._refresh_mappings(((e.pid, e.user[:2]) for e in events), REMAP_MIN_S / 5)
         for py_code in self.python.codes(events, mono_ns()):
             writer.add_py_code(py_code)
+        if self.samples_from_ns == FIRST_COLLECTIVE:
+            starts = [e.start_ns for e in events if e.kind == EventKind.COLLECTIVE.value]
+            if starts:
+                self.samples_from_ns = min(starts)
         writer.add_events(events)
         self.launches.add(events)
         self.stats.events += len(events)
@@ -244,6 +260,10 @@ class CapturePipeline:
         runtime probes look at its libraries."""
         writer = self.writer
         assert writer is not None
+        # The Python walker first: samples are taken from the moment a pid is a target, and reading the maps
+        # with their build ids can take a while (every library of a torch process); until then they lack
+        # their Python frames.
+        self._attach_python(pid)
         snap = self.processes.read(pid, mono_ns())
         if snap is None:
             return
@@ -252,8 +272,7 @@ class CapturePipeline:
             self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
             writer.add_events([env])
         self.stats.pids = len(self.processes.snaps)
-        self._attach_python(pid)  # first: every sample until then lacks its Python frames
-        if self.sampler:  # then the CFI tables (a file seen first is built: up to ~0.5 s for libtorch)
+        if self.sampler:  # the CFI tables (a file seen first is built: up to ~0.5 s for libtorch)
             self.sampler.set_mappings(pid, snap.mappings)
         if self.probes:
             self.probes.consider_process(pid, [m.path for m in snap.mappings])
@@ -290,6 +309,10 @@ class CapturePipeline:
             return
         if not self.processes.unchanged(pid):
             self.snapshot(pid)
+        # The library being opened is mapped only after this stop: the first sample that runs in it must read
+        # the maps again at once (the last library the loader opens, libc, would otherwise stay unknown to the
+        # CFI unwinder for the first half second of every command).
+        self.processes.read_soon(pid)
         if pid not in self.python.procs:
             self._attach_python(pid, force=True)  # before the calls it is about to make
         # Python code objects named so far must be read while the process lives (it may be about to exit).

@@ -56,6 +56,10 @@ class ProcessTable:
         now = time.monotonic()
         return [pid for pid in stale if now - self._read_at.get(pid, 0.0) >= min_age_s or pid not in self.snaps]
 
+    def read_soon(self, pid: int) -> None:
+        """Let the next address outside `pid`'s mappings read them again at once, not min_age_s later."""
+        self._read_at[pid] = 0.0
+
     def unchanged(self, pid: int) -> bool:
         """True when every executable mapping of `pid` is already in its snapshot (cheap: no build ids read)."""
         snap = self.snaps.get(pid)

@@ -14,7 +14,7 @@ from types import FrameType
 from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.launcher import Launcher
-from aiflame.agent.pipeline import CapturePipeline, SessionStats, mono_ns
+from aiflame.agent.pipeline import FIRST_COLLECTIVE, CapturePipeline, SessionStats, mono_ns
 from aiflame.agent.preflight import SessionError, check_out_dir, check_pid, check_root
 from aiflame.agent.procs import alive, descendants, own_cpu_s
 from aiflame.agent.runtimes.manager import Attached
@@ -49,6 +49,10 @@ class SessionConfig:
     runtimes: bool = True  # probe accelerator runtimes (CUDA, NCCL, gloo, Level Zero) in the targets
     gpu_samples: bool = True  # NVIDIA stall sampling (CUPTI, in targets started with -- CMD)
     cupti: CuptiOptions = field(default_factory=CuptiOptions)  # its rate and buffer limits
+    # CPU samples from the first `delay_s` seconds are left out (start-up, imports); the targets are followed and
+    # their runtime calls recorded from the start, so kernel names and collectives stay whole.
+    delay_s: float = 0.0
+    from_first_collective: bool = False  # instead: CPU samples from the first collective call a target makes
     keep_running: bool = False  # with -- CMD: leave the command running when we end (else it gets SIGTERM)
 
 
@@ -87,7 +91,9 @@ class Session:
             try:
                 # children are followed with --pid too: a launcher's (torchrun's) workers are the job
                 initial = [root_pid] if launcher else [root_pid, *descendants(root_pid)]
-                sampler = self.pipeline.start(cfg.sampler, initial)
+                # A running process becomes a target only once its Python walker is set (_capture): until then
+                # its samples would lack their Python frames. A launched command is held until released.
+                sampler = self.pipeline.start(cfg.sampler, initial if launcher else [])
             except BaseException:
                 if launcher:
                     launcher.abort()
@@ -116,8 +122,14 @@ class Session:
             time.sleep(0.05)  # let the dynamic loader map the program's libraries
         for pid in initial:
             pipe.snapshot(pid)
+            if not launcher:
+                sampler.add_target(pid, python=pid in pipe.python.procs)
         cpu0, t0 = own_cpu_s(), time.monotonic()
-        deadline = t0 + cfg.duration_s if cfg.duration_s else None
+        if cfg.from_first_collective:
+            pipe.samples_from_ns = FIRST_COLLECTIVE
+        elif cfg.delay_s:
+            pipe.samples_from_ns = mono_ns() + int(cfg.delay_s * 1e9)
+        deadline = t0 + cfg.delay_s + cfg.duration_s if cfg.duration_s else None
         while not self._stop_reason:
             tick = time.monotonic() + POLL_S
             # Library opens wake us at once (their process waits, stopped, for its probes).
@@ -142,6 +154,15 @@ class Session:
         agent_cpu = own_cpu_s() - cpu0
         pipe.write_kernel_names()
         self.stats.counters = sampler.counters()
+        if pipe.before_delay:
+            self.stats.counters["before_delay"] = pipe.before_delay
+        uw = sampler.unwind_stats
+        table_warnings: list[str] = []
+        if uw is not None:  # what the CFI tables cost and lost: loads, evictions, files left to frame pointers
+            self.stats.counters.update({"unwind_tables": uw.tables, "unwind_tables_loaded": uw.loaded,
+                                        "unwind_tables_evicted": uw.evicted, "unwind_table_errors": len(uw.errors),
+                                        "unwind_rows": uw.rows_used})
+            table_warnings = [f"no CFI table, frame pointers only: {e}" for e in list(uw.errors.values())[:5]]
         if pipe.probes:
             self.stats.counters["calls"] = pipe.probes.calls_seen
             self.stats.counters["returns_lost"] = pipe.probes.returns_lost
@@ -159,6 +180,6 @@ class Session:
                 launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
             exit_code = launcher.exit_code
         warnings = list(pipe.python.warnings) + (pipe.probes.warnings if pipe.probes else []) + code_warnings
-        warnings += gpu_warnings
+        warnings += gpu_warnings + table_warnings
         probed = pipe.probes.probed_files() if pipe.probes else []
         return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings, probed)

@@ -17,6 +17,7 @@ BENCHES = [
     ["bench_fatbin.py"],
     ["bench_gloo.py"],
     ["bench_daemon.py"],
+    ["bench_unwind.py"],
 ]
 
 

@@ -484,6 +484,21 @@ int on_sample(struct bpf_perf_event_data *ctx) {
     return finish_sample(ctx, rec, target);
 }
 
+/* One tail call's share of a walk (samples and probed calls alike): AIFLAME_UW_FRAMES more frames of `pid`'s
+ * stack into data. Returns 1 while the walk goes on and may take another tail call, 0 when it is over or out of
+ * tail calls (then marked as stopped by depth). */
+static __always_inline int uw_walk_more(u64 *data, u32 pid, struct uw_state *st) {
+    struct unwind_proc *up = unwind_procs.lookup(&pid);
+    int done = up ? unwind_step(data, up, st) : 1;
+    st->calls++;
+    if (done)
+        return 0;
+    if (st->calls < AIFLAME_MAX_STACK / AIFLAME_UW_FRAMES + 2)
+        return 1;
+    st->why |= UW_STOP_DEPTH;
+    return 0;
+}
+
 /* Tail-called: walk AIFLAME_UW_FRAMES more frames, then again or on to sample_finish. */
 int uw_step(struct bpf_perf_event_data *ctx) {
     u32 zero = 0;
@@ -491,14 +506,8 @@ int uw_step(struct bpf_perf_event_data *ctx) {
     struct uw_state *st = uw_scratch.lookup(&zero);
     if (!rec || !st)
         return 0;
-    u32 tgid = rec->pid;
-    struct unwind_proc *up = unwind_procs.lookup(&tgid);
-    int done = up ? unwind_step(rec->data, up, st) : 1;
-    st->calls++;
-    if (!done && st->calls < AIFLAME_MAX_STACK / AIFLAME_UW_FRAMES + 2)
+    if (uw_walk_more(rec->data, rec->pid, st))
         uw_progs.call(ctx, UW_PROG_STEP);
-    if (!done)
-        st->why |= UW_STOP_DEPTH;
     rec->user_len = st->n * 8;
     rec->unwind = st->why;
     uw_progs.call(ctx, UW_PROG_FINISH);
@@ -556,6 +565,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     if (!is_target(tgid))
         return 0;
     emit_proc(REC_EXEC, tgid, 0);
+    unwind_procs.delete(&tgid);  /* the old image's mappings: frame pointers until the agent reads the new ones */
     return 0;
 }
 

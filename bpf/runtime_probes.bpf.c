@@ -193,11 +193,7 @@ int uw_call_step(struct pt_regs *ctx) {
     struct uw_state *st = uw_call_scratch.lookup(&zero);
     if (!rec || !st)
         return 0;
-    u32 tgid = rec->pid;
-    struct unwind_proc *up = unwind_procs.lookup(&tgid);
-    int done = up ? unwind_step(rec->data, up, st) : 1;
-    st->calls++;
-    if (!done && st->calls < AIFLAME_MAX_STACK / AIFLAME_UW_FRAMES + 2)
+    if (uw_walk_more(rec->data, rec->pid, st))
         uw_call_progs.call(ctx, UW_PROG_STEP);
     rec->user_len = st->n * 8;
     uw_call_progs.call(ctx, UW_PROG_FINISH);

@@ -56,6 +56,8 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
             f"kernel-stack errors {c.get('kstack_err', 0)}")
     if c.get("proc_lost"):
         line += f"  process events lost {c['proc_lost']}"
+    if c.get("before_delay"):
+        line += f"  left out before --delay {c['before_delay']}"
     py = ""
     if c.get("python_samples"):
         py = f"python: {c['python_samples']} samples with Python frames"
@@ -101,6 +103,10 @@ def unwind_line(prof: Profile) -> str:
     stops = sorted(((n, key) for code, (key, _) in STOPS.items() if code != END and (n := c.get(f"unwind_{key}", 0))),
                    reverse=True)
     line = f"native unwinding (CFI): {walked} walks, {100 * ends / walked:.1f}% reached the outermost frame"
+    if c.get("unwind_tables"):
+        line += (f" ({c['unwind_tables']} file tables, {c.get('unwind_rows', 0) * 8 >> 20} MiB in BPF"
+                 + (f", {c['unwind_tables_evicted']} evicted" if c.get("unwind_tables_evicted") else "")
+                 + (f", {c['unwind_table_errors']} files without" if c.get("unwind_table_errors") else "") + ")")
     if stops:
         line += "; stopped early: " + ", ".join(f"{key.replace('_', ' ')} {n}" for n, key in stops)
     if prof.meta.get("unwind_worst"):

@@ -226,11 +226,13 @@ class CpuSampler:
         elif rec is not None and self._on_probe is not None:
             self._on_probe(rec)
 
-    def add_target(self, pid: int) -> None:
-        """Sample `pid` (and its threads). A full target map raises SamplerError: the map holds live processes
-        only (BPF drops each at its exit), so it is full only when that many targets really run."""
+    def add_target(self, pid: int, python: bool = False) -> None:
+        """Sample `pid` (and its threads); `python`: its walker is already set (set_python). A full target map
+        raises SamplerError: the map holds live processes only (BPF drops each at its exit), so it is full only
+        when that many targets really run."""
+        flags = TargetFlag.ON | (TargetFlag.PY if python else 0)
         try:
-            self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(TargetFlag.ON))
+            self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(flags))
         except OSError as e:
             if e.errno in (errno.E2BIG, errno.ENOMEM):
                 raise SamplerError(f"cannot watch pid {pid}: {self.config.max_targets} targets already") from None

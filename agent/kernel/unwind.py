@@ -68,14 +68,17 @@ class UnwindStats:
 class UnwindTables:
     """Fills unwind_rows, unwind_rules and unwind_procs of a loaded sampler."""
 
-    def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build) -> None:
+    def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build,
+                 pool: bytearray | None = None) -> None:
+        """`pool`: the row pool's memory (tests); by default the unwind_rows map, mmapped."""
         self._rows_map = obj.maps["unwind_rows"]
         self._rules_map = obj.maps["unwind_rules"]
         self._procs = obj.maps["unwind_procs"]
         self._table_for = table_for
         self.capacity = self._rows_map.max_entries
         size = self.capacity * 8
-        self._pool = mmap.mmap(self._rows_map.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._pool: mmap.mmap | bytearray = pool if pool is not None else mmap.mmap(
+            self._rows_map.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._rules: dict[Rule, int] = {NOT_COVERED: 0}
         self._rules_map.update(_U32.pack(0), RULE.pack(*NOT_COVERED))
         self._files: dict[str, _Loaded] = {}
@@ -83,10 +86,12 @@ class UnwindTables:
         self._proc_keys: dict[int, list[tuple[Mapping, str]]] = {}  # pid -> its mappings and their file keys
         self._bias: dict[tuple[int, int], int] = {}  # (pid, mapping start) -> runtime minus ELF address
         self._evicted: set[str] = set()
+        self._failed: set[str] = set()  # keys of files whose table could not be built or stored: not tried again
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
-        self._pool.close()
+        if isinstance(self._pool, mmap.mmap):
+            self._pool.close()
 
     # --- processes ----------------------------------------------------------------------------------------
 
@@ -133,7 +138,7 @@ class UnwindTables:
     def _load(self, pid: int, m: Mapping) -> str:
         """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one). The file
         is the one mapped (map_files), opened once; the table is built from that open file."""
-        path = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+        path = self._file_of(pid, m)
         try:
             elf = ElfFile.open(path)
         except (AiflameError, OSError) as e:
@@ -158,20 +163,26 @@ class UnwindTables:
         if loaded is not None:
             loaded.used_ns = time.monotonic_ns()
             return key
-        if key in self.stats.errors:
+        if key in self._failed:
             return ""
         t0 = time.perf_counter()
         try:
             table = self._table_for(elf.fd_path)
         except (AiflameError, OSError) as e:
             self.stats.errors[m.path] = str(e).replace(elf.fd_path, m.path).replace(path, m.path)
+            self._failed.add(key)
             return ""
         finally:
             self.stats.build_s += time.perf_counter() - t0
         if not self._store(key, table):
             self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
+            self._failed.add(key)
             return ""
         return key
+
+    def _file_of(self, pid: int, m: Mapping) -> str:
+        """Where `m`'s file is read: through the process, so it is the file mapped even if replaced on disk."""
+        return f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
 
     def _store(self, key: str, table: UnwindTable) -> bool:
         n = len(table)

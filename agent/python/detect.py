@@ -60,6 +60,11 @@ class PythonUnsupported(HostError):
     check). The message is one line, meant to be shown once."""
 
 
+class PythonNotLoaded(HostError):
+    """The executable is named like CPython (pythonX.Y) but holds no runtime, and no libpython is mapped yet: the
+    process was read between its exec and the dynamic loader mapping libpython. Not an answer: ask again."""
+
+
 @dataclass(frozen=True, slots=True)
 class PyTarget:
     """A CPython interpreter found in a process, with the layout that passed the live check."""
@@ -175,9 +180,12 @@ def _open_elf(pid: int, cand: _Candidate) -> ElfFile | None:
 def detect_python(pid: int) -> PyTarget | None:
     """The CPython interpreter in `pid`, or None when the process holds none (or is gone).
 
-    Raises PythonUnsupported when CPython is there but cannot be walked safely.
+    Raises PythonUnsupported when CPython is there but cannot be walked safely, PythonNotLoaded when its
+    libpython is not mapped yet.
     """
-    for cand in _candidates(pid):
+    cands = _candidates(pid)
+    launcher = False  # a pythonX.Y executable without a runtime: the runtime is in a libpython
+    for cand in cands:
         elf = _open_elf(pid, cand)
         if elf is None:
             continue
@@ -190,6 +198,7 @@ def detect_python(pid: int) -> PyTarget | None:
                 sec = elf.section(".PyRuntime")
                 runtime = sec.addr if sec is not None and sec.addr else None
             if runtime is None:
+                launcher = launcher or cand.name_minor is not None
                 continue
             first = _first_load(elf)
             if first is None:
@@ -199,6 +208,8 @@ def detect_python(pid: int) -> PyTarget | None:
         version_sym = syms.get("Py_Version")
         version_addr = version_sym + bias if version_sym is not None else 0
         return _attach(pid, cand, runtime + bias, version_addr)
+    if launcher and not any(_LIBPYTHON.search(os.path.basename(c.path)) for c in cands):
+        raise PythonNotLoaded(f"pid {pid}: libpython is not mapped yet")
     return None
 
 

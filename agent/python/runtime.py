@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiflame.agent.kernel.records import PyProcRec
-from aiflame.agent.python.detect import PyTarget, PythonUnsupported, detect_python
+from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python
 from aiflame.core.python_layouts import PyLayout
 from aiflame.core.raw import PyCode, PyRuntimeInfo, RawEvent, RawSample
 from aiflame.symbolize.python.code import CodeResolver
@@ -75,11 +75,16 @@ class PythonPlugin:
         now = time.monotonic()
         if not force and (n >= self.RETRIES or now - last < self.RETRY_S):
             return None
-        self._tries[(pid, exec_seq)] = (n + 1, now)
+        # A forced try does not use up the timed ones: a starting interpreter stops at every library open
+        # (and at each path the loader tries), and those tries all come before it has initialised.
+        tries = n if force else n + 1
+        self._tries[(pid, exec_seq)] = (tries, now)
         try:
             t = detect_python(pid)
+        except PythonNotLoaded:
+            return None  # read between its exec and the loader: not absent, ask again
         except PythonUnsupported as e:
-            if n + 1 == self.RETRIES:
+            if not force and tries == self.RETRIES:
                 self.warnings.append(f"{e}; its native frames are still profiled")
             return None
         except OSError:

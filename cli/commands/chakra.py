@@ -37,16 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def print_problems(problems: Sequence[Problem]) -> int:
-    """One line per problem on stderr; 1 when one is an error, else 0."""
+    """One line per problem on stderr; a ChakraError (exit 1, printed once by cli.main) when one is an error."""
     err = Console(stderr=True)
     for p in problems:
         colour = "red" if p.severity == "error" else "yellow"
         err.print(f"[{colour}]{escape(str(p))}[/]", highlight=False, soft_wrap=True)
     bad = errors(problems)
     if bad:
-        err.print(f"[bold red]aiflame: error:[/] {len(bad)} of ASTRA-sim's input rules broken: the simulator would "
-                  "not run these traces to the end", highlight=False)
-        return 1
+        raise ChakraError(f"{len(bad)} of ASTRA-sim's input rules broken: the simulator would not run these "
+                          "traces to the end")
     return 0
 
 

@@ -27,6 +27,11 @@ USAGE = "aiflame profile [options] (--pid PID | -- CMD [ARGS...])"
 __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
 
 
+def _delay(text: str) -> float | str:
+    """--delay: seconds (> 0), or 'collective'."""
+    return "collective" if text == "collective" else argtypes.positive_float(text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = USAGE
     tgt = p.add_argument_group("target")
@@ -38,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     smp = p.add_argument_group("sampling")
     smp.add_argument("-d", "--duration", type=argtypes.positive_float,
                      help="seconds to capture (default: until exit/Ctrl-C)")
+    smp.add_argument("--delay", type=_delay, default=0.0, metavar="SECONDS|collective",
+                     help="leave out the CPU samples of the first SECONDS (start-up, imports) to see steady state, "
+                          "or with 'collective' those before the first collective call (training started); "
+                          "targets are followed and runtime calls recorded from the start; -d counts after it")
     smp.add_argument("-F", "--frequency", type=argtypes.frequency, default=99, help="samples per second per CPU (99)")
     smp.add_argument("--event", choices=("auto", "cpu-clock", "cycles"), default="cpu-clock",
                      help="perf event to sample on: cpu-clock (default), cycles, or auto (cycles if the PMU has it)")
@@ -111,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"unknown format {f!r} (known: {', '.join(REGISTRY)})")
     _check_target(args.pid)
     out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
+    if args.delay == "collective" and args.no_runtimes:
+        raise UsageError("--delay collective needs the runtime probes (it waits for a gloo or NCCL call)")
     cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
+                        delay_s=0.0 if args.delay == "collective" else args.delay,
+                        from_first_collective=args.delay == "collective",
                         sampler=sampler, argv=["aiflame", *args.argv], runtimes=not args.no_runtimes,
                         gpu_samples=not args.no_gpu_samples, keep_running=args.keep_running,
                         cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,

@@ -128,3 +128,24 @@ def test_ctrl_c_keeps_a_complete_capture(examples: Path, tmp_path: Path) -> None
     assert len(cap.samples) > 50
     assert (out / "profile.folded").stat().st_size > 0
     assert "Traceback" not in stderr
+
+
+def test_delay_leaves_out_start_up(tmp_path: Path) -> None:
+    """--delay: the start-up phase's samples are left out and counted; the steady phase after it is there."""
+    script = tmp_path / "phases.py"
+    script.write_text(
+        "import time\n"
+        "def start_up(s):\n    end = time.monotonic() + s\n    while time.monotonic() < end:\n        pass\n"
+        "def steady(s):\n    end = time.monotonic() + s\n    while time.monotonic() < end:\n        pass\n"
+        "start_up(3.0)\nsteady(3.0)\n"
+    )
+    out = tmp_path / "o"
+    aiflame("profile", "-q", "-F", "199", "--delay", "4", "-o", str(out), "--", "/usr/bin/python3", str(script))
+    folded = read_folded(out / "profile.folded")
+
+    def py(name: str) -> int:
+        return sum(c for st, c in folded.items() if f";py::{name} (" in st)
+
+    assert py("steady") > 50 and py("start_up") == 0, folded
+    cap = read_capture(out / "profile.aiflame")
+    assert cap.footer is not None and cap.footer.counters.get("before_delay", 0) > 100

@@ -3,6 +3,7 @@ the instruction convention of a live frame (what the BPF walker reads) mapped to
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -15,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from aiflame.agent.python.detect import PythonUnsupported, detect_python, python_threads, read_python_stack
+from aiflame.agent.python.detect import (
+    PythonNotLoaded,
+    PythonUnsupported,
+    detect_python,
+    python_threads,
+    read_python_stack,
+)
+from aiflame.agent.python.runtime import PythonPlugin
 from aiflame.symbolize.process_memory import ProcessMemory
 from aiflame.symbolize.python.code import CodeResolver, line_for
 from tests.conftest import INTERPRETERS
@@ -115,6 +123,33 @@ def test_not_python() -> None:
     try:
         time.sleep(0.05)
         assert detect_python(proc.pid) is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+PTRACE_TRACEME, PTRACE_DETACH = 0, 17
+
+
+def test_read_before_libpython_is_mapped_is_asked_again() -> None:
+    """A process read between its exec and the loader mapping libpython (pyenv builds keep the runtime there)
+    is not recorded as holding no CPython: a later attach finds it. It was, and `profile -- sh -c 'exec
+    python3.10 ...'` then lost every Python frame of that process when the agent read it early."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    proc = subprocess.Popen([INTERPRETERS[0], "-c", "import time; time.sleep(30)"],
+                            preexec_fn=lambda: libc.ptrace(PTRACE_TRACEME, 0, None, None))
+    try:
+        _, status = os.waitpid(proc.pid, 0)  # stopped at the exec: the executable and ld.so are all it maps
+        assert os.WIFSTOPPED(status)
+        with pytest.raises(PythonNotLoaded):
+            detect_python(proc.pid)
+        plugin = PythonPlugin()
+        assert plugin.attach(proc.pid, 0) is None
+        libc.ptrace(PTRACE_DETACH, proc.pid, None, None)
+        deadline = time.monotonic() + 20
+        while (found := plugin.attach(proc.pid, 0, force=True)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it has mapped libpython and initialised
+        assert found is not None and found[0].version[:2] == (3, 10)
     finally:
         proc.kill()
         proc.wait()

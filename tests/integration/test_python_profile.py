@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -115,21 +117,35 @@ def test_command_mode_follows_python_children(tmp_path: Path) -> None:
 
 def test_thread_churn_and_exit_mid_capture(tmp_path: Path) -> None:
     script = tmp_path / "churn.py"
+    stop = tmp_path / "stop"
+    # The target churns threads until told to stop, 4 s after the capture file appears: its exit falls in the
+    # capture however long the agent takes to attach on a loaded host (a fixed 10 s life did not, at load 12).
     script.write_text(
-        "import threading, time\n"
+        "import os, sys, threading\n"
         "def short():\n    s = 0\n    for i in range(20000):\n        s += i\n"
-        "end = time.monotonic() + 10.0\n"
         "print('ready', flush=True)\n"
-        "while time.monotonic() < end:\n"
+        "while not os.path.exists(sys.argv[1]):\n"
         "    ts = [threading.Thread(target=short) for _ in range(4)]\n"
         "    [t.start() for t in ts]\n    [t.join() for t in ts]\n"
     )
-    target = subprocess.Popen([INTERPRETERS[3], str(script)], stdout=subprocess.PIPE, text=True)
+    out = tmp_path / "o"
+
+    def stop_when_capturing() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(out.glob("profile.aiflame*")):
+            time.sleep(0.05)
+        time.sleep(4)
+        stop.touch()
+
+    target = subprocess.Popen([INTERPRETERS[3], str(script), str(stop)], stdout=subprocess.PIPE, text=True)
+    stopper = threading.Thread(target=stop_when_capturing, daemon=True)
     try:
         assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        stopper.start()
         # -d is longer than the target lives: the capture must end at its exit with everything kept.
-        aiflame("profile", "-q", "-p", str(target.pid), "-d", "30", "-F", "499", "-o", str(tmp_path / "o"))
+        aiflame("profile", "-q", "-p", str(target.pid), "-d", "60", "-F", "499", "-o", str(out))
     finally:
+        stop.touch()
         target.kill()
         target.wait()
     cap = read_capture(tmp_path / "o" / "profile.aiflame")

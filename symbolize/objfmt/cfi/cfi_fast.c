@@ -147,24 +147,8 @@ static void *grow(struct ctx *c, void *p, uint64_t *cap, uint64_t need, size_t e
 
 /* --- reading primitives (mirroring _uleb, _sleb, _fixed, _encoded) ----------------------------------- */
 
-static uint64_t uleb(struct ctx *c, const uint8_t *d, uint64_t *pos, uint64_t end) {
-    uint64_t r = 0;
-    unsigned shift = 0;
-    for (;;) {
-        if (*pos >= end)
-            fail(c, "truncated LEB128 at 0x%llx", (unsigned long long)*pos);
-        if (shift >= 70)
-            fail(c, "LEB128 longer than 10 bytes at 0x%llx", (unsigned long long)*pos);
-        uint8_t b = d[(*pos)++];
-        if (shift < 64)
-            r |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (b < 0x80)
-            return r;
-    }
-}
-
-static int64_t sleb(struct ctx *c, const uint8_t *d, uint64_t *pos, uint64_t end) {
+/* A LEB128 value (at most 10 bytes); `sign` extends the last byte's sign bit. */
+static uint64_t leb(struct ctx *c, const uint8_t *d, uint64_t *pos, uint64_t end, int sign) {
     uint64_t r = 0;
     unsigned shift = 0;
     for (;;) {
@@ -177,11 +161,19 @@ static int64_t sleb(struct ctx *c, const uint8_t *d, uint64_t *pos, uint64_t end
             r |= (uint64_t)(b & 0x7f) << shift;
         shift += 7;
         if (b < 0x80) {
-            if (shift < 64 && (b & 0x40))
+            if (sign && shift < 64 && (b & 0x40))
                 r |= ~0ull << shift;
-            return (int64_t)r;
+            return r;
         }
     }
+}
+
+static uint64_t uleb(struct ctx *c, const uint8_t *d, uint64_t *pos, uint64_t end) {
+    return leb(c, d, pos, end, 0);
+}
+
+static int64_t sleb(struct ctx *c, const uint8_t *d, uint64_t *pos, uint64_t end) {
+    return (int64_t)leb(c, d, pos, end, 1);
 }
 
 static uint64_t fixed(struct ctx *c, const uint8_t *d, uint64_t *pos, uint64_t end, unsigned n, int sign) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from aiflame.core.errors import BadInput
 from aiflame.symbolize.objfmt.cfi.table import (
     _END,
     _INVALID,
@@ -28,11 +29,12 @@ from aiflame.symbolize.objfmt.cfi.table import (
 # --- reading primitives -----------------------------------------------------------------------------------
 
 
-class _Bad(Exception):
+class _Bad(BadInput):
     """Raised deep in the parser; turned into CfiError with the file name at the top."""
 
 
-def _uleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
+def _leb(d: bytes, pos: int, end: int, signed: bool) -> tuple[int, int]:
+    """A LEB128 value at `pos` (at most 10 bytes, as a 64-bit value) and the position after it."""
     result = shift = 0
     while True:
         if pos >= end:
@@ -44,25 +46,20 @@ def _uleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
         result |= (b & 0x7F) << shift
         shift += 7
         if b < 0x80:
-            return result & _U64, pos
-
-
-def _sleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end:
-            raise _Bad(f"truncated LEB128 at 0x{pos:x}")
-        if shift >= 70:
-            raise _Bad(f"LEB128 longer than 10 bytes at 0x{pos:x}")
-        b = d[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
+            if not signed:
+                return result & _U64, pos
             if shift < 64 and b & 0x40:
                 result |= _U64 << shift
             result &= _U64
             return result - (1 << 64) if result >> 63 else result, pos
+
+
+def _uleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
+    return _leb(d, pos, end, False)
+
+
+def _sleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
+    return _leb(d, pos, end, True)
 
 
 def _fixed(d: bytes, pos: int, end: int, n: int, signed: bool) -> tuple[int, int]:

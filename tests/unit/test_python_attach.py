@@ -1,0 +1,50 @@
+"""PythonPlugin.attach's retries, with detect_python replaced: what a starting interpreter looks like to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiflame.agent.python import runtime
+from aiflame.agent.python.detect import PythonNotLoaded, PythonUnsupported
+from aiflame.agent.python.runtime import PythonPlugin
+
+
+class _Detect:
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+        self.calls = 0
+
+    def __call__(self, pid: int) -> None:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def plugin() -> PythonPlugin:
+    p = PythonPlugin()
+    p.RETRY_S = 0.0  # no waiting between timed tries
+    return p
+
+
+def test_forced_tries_leave_the_timed_ones(monkeypatch: pytest.MonkeyPatch, plugin: PythonPlugin) -> None:
+    """Tries at target stops (one per library open while the interpreter starts) use up no timed retry."""
+    detect = _Detect(PythonUnsupported("CPython 3.12 in pid 7: layout check failed: no interpreter"))
+    monkeypatch.setattr(runtime, "detect_python", detect)
+    for _ in range(3 * PythonPlugin.RETRIES):
+        assert plugin.attach(7, 1, force=True) is None
+    assert detect.calls == 3 * PythonPlugin.RETRIES and not plugin.warnings
+    for _ in range(2 * PythonPlugin.RETRIES):
+        plugin.attach(7, 1)
+    assert detect.calls == 4 * PythonPlugin.RETRIES  # then the timed ones stop
+    assert len(plugin.warnings) == 1 and "no interpreter" in plugin.warnings[0]
+
+
+def test_not_loaded_yet_is_not_absent(monkeypatch: pytest.MonkeyPatch, plugin: PythonPlugin) -> None:
+    detect = _Detect(PythonNotLoaded("pid 7: libpython is not mapped yet"))
+    monkeypatch.setattr(runtime, "detect_python", detect)
+    assert plugin.attach(7, 1) is None
+    detect.error = None  # now: "no CPython in this image"
+    assert plugin.attach(7, 1) is None
+    assert plugin.attach(7, 1, force=True) is None
+    assert detect.calls == 2  # asked again after "not loaded"; not after "no CPython"
