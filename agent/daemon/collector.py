@@ -145,13 +145,21 @@ class Collector:
 
     # --- windows --------------------------------------------------------------------------------------------
 
+    def _probe_counters(self) -> dict[str, int]:
+        """The probes' own counts since the collector started (targets held past the deadline among them)."""
+        probes = self.pipeline.probes
+        if probes is None:
+            return {}
+        return {"returns_lost": probes.returns_lost, "stops_late": probes.stops_late,
+                "libs_seen_full": probes.libs_seen_full}
+
     def open_window(self, path: Path, target: str = "") -> None:
         """Start a capture file; the live targets' mappings and Python runtimes go in first."""
         assert self.pipeline.writer is None
         header = new_header(self.sampler_config.frequency, self.sampler.event_used, sys.argv, target or self.label,
                             {"aiflame.mode": self.label,
                              "sampling": self.sampler_config.describe(self.sampler.event_used)})
-        self._counters0 = self.sampler.counters()
+        self._counters0 = self.sampler.counters() | self._probe_counters()
         self._window_samples0 = self.stats.samples
         self._window_events0 = self.stats.events
         self._cpu0 = own_cpu_s()
@@ -167,10 +175,9 @@ class Collector:
         self.code_warnings.extend(w for w in warnings if w not in self.code_warnings)
         del self.code_warnings[:-MAX_WARNINGS]
         pipe.write_kernel_names()
-        now_counters = self.sampler.counters()
+        now_counters = self.sampler.counters() | self._probe_counters()
+        # this window's share of each (the status adds the windows' counters up)
         counters = {k: v - self._counters0.get(k, 0) for k, v in now_counters.items()}
-        if pipe.probes:
-            counters["returns_lost"] = pipe.probes.returns_lost
         self.stats.counters = now_counters
         result = WindowResult(writer.path, self.stats.samples - self._window_samples0,
                               self.stats.events - self._window_events0, counters, self.targets, self._new_warnings())
