@@ -19,7 +19,7 @@ from pathlib import Path
 from common import conditions, save
 
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
-from aiflame.agent.kernel.uprobes import attach_uprobe
+from aiflame.agent.kernel.uprobes import ProbeSite, attach_uprobe
 from aiflame.agent.runtimes.base import SP, Deref, ProbeSpec
 from aiflame.agent.runtimes.manager import spec_rec
 from aiflame.symbolize.objfmt.elf import ElfFile
@@ -131,9 +131,11 @@ def main() -> int:
                         probes.append(attach_uprobe(fd, str(exe), offset, cookie, ret=True))
                     fds = [fd]
                 else:
-                    sampler.attach_probe(str(exe), offset, cookie)
+                    failed = sampler.attach_probes(str(exe), [ProbeSite(offset, cookie)])
                     if ret:
-                        sampler.attach_probe(str(exe), offset, cookie, ret=True)
+                        failed |= sampler.attach_probes(str(exe), [ProbeSite(offset, cookie)], ret=True)
+                    if failed:
+                        raise SystemExit("; ".join(failed.values()))
                     fds = [sampler.prog_fd(False)] + ([sampler.prog_fd(True)] if ret else [])
                 before = [_prog_run(f) for f in fds]
                 loops[name].append(timed())

@@ -70,6 +70,7 @@ class BpfMap:
 class BpfObject:
     progs: dict[str, int]
     maps: dict[str, BpfMap]
+    uprobe_multi: bool = False  # "uprobe" programs take uprobe_multi links (else one perf event per probe)
     _links: dict[str, list[int]] = field(default_factory=dict)  # attachment name -> link and perf fds
 
     def attach_perf_event(self, prog: str, ev_type: int, ev_config: int, frequency: int) -> None:
@@ -124,8 +125,9 @@ def _close(fds: list[int]) -> None:
 
 
 def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str]) -> BpfObject:
-    """Compile and load `text` in the compiler process. `functions`: program name -> "kprobe" (uprobes too),
-    "perf_event" or "tracepoint" (tracepoint__* programs come anyway); `maps`: the names to hand over."""
+    """Compile and load `text` in the compiler process. `functions`: program name -> "kprobe", "uprobe" (for
+    uprobe_multi links where the kernel has them), "perf_event" or "tracepoint" (tracepoint__* programs come
+    anyway); `maps`: the names to hand over."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         with ours, theirs:
@@ -153,4 +155,5 @@ def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str
         progs={name: fds[i] for name, i in meta["progs"].items()},
         maps={name: BpfMap(name, fds[m["fd"]], m["type"], m["max_entries"], m["key_size"], m["value_size"],
                            [tuple(f) for f in m["fields"]]) for name, m in meta["maps"].items()},
+        uprobe_multi=bool(meta.get("uprobe_multi")),
     )

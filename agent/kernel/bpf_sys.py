@@ -17,6 +17,8 @@ SYS_BPF = 321
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
 BPF_LINK_CREATE = 28
 BPF_PERF_EVENT = 41
+BPF_TRACE_UPROBE_MULTI = 48
+BPF_F_UPROBE_MULTI_RETURN = 1
 PERF_FLAG_FD_CLOEXEC = 8
 PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT = 0, 1, 2
 PERF_COUNT_HW_CPU_CYCLES, PERF_COUNT_SW_CPU_CLOCK = 0, 0
@@ -63,6 +65,23 @@ class _LinkCreate(ctypes.Structure):
     ]
 
 
+class _LinkUprobeMulti(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("path", ctypes.c_uint64),
+        ("offsets", ctypes.c_uint64),
+        ("ref_ctr_offsets", ctypes.c_uint64),
+        ("cookies", ctypes.c_uint64),
+        ("cnt", ctypes.c_uint32),
+        ("uprobe_flags", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
 class _MapElem(ctypes.Structure):
     _fields_ = [
         ("map_fd", ctypes.c_uint32),
@@ -91,6 +110,21 @@ def link_perf_event(prog_fd: int, perf_fd: int, cookie: int = 0) -> int:
     link = _LinkCreate(prog_fd=prog_fd, target_fd=perf_fd, attach_type=BPF_PERF_EVENT, bpf_cookie=cookie)
     return _check(_libc.syscall(SYS_BPF, BPF_LINK_CREATE, ctypes.byref(link), ctypes.sizeof(link)),
                   "bpf link create")
+
+
+def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int], ref_ctrs: list[int],
+                      ret: bool) -> int:
+    """One link probing every file offset of `path` (each with its cookie and USDT semaphore offset, 0 for
+    none) in every process; closing it detaches them all after a single grace period."""
+    n = len(offsets)
+    path_buf = ctypes.create_string_buffer(os.fsencode(path))
+    offs, cks, refs = (ctypes.c_uint64 * n)(*offsets), (ctypes.c_uint64 * n)(*cookies), (ctypes.c_uint64 * n)(*ref_ctrs)
+    link = _LinkUprobeMulti(prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI, path=ctypes.addressof(path_buf),
+                            offsets=ctypes.addressof(offs), cookies=ctypes.addressof(cks),
+                            ref_ctr_offsets=ctypes.addressof(refs) if any(ref_ctrs) else 0, cnt=n,
+                            uprobe_flags=BPF_F_UPROBE_MULTI_RETURN if ret else 0)
+    return _check(_libc.syscall(SYS_BPF, BPF_LINK_CREATE, ctypes.byref(link), ctypes.sizeof(link)),
+                  "bpf link create (uprobe_multi)")
 
 
 def _elem(cmd: int, map_fd: int, key: ctypes.Array[ctypes.c_char] | None, value: ctypes.Array[ctypes.c_char] | None,

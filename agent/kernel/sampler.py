@@ -8,7 +8,7 @@ import errno
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from aiflame.agent.kernel.records import Counter, ProbeSpecRec, PyProcRec, Targe
 from aiflame.agent.kernel.ringbuf import RingBuffer
 from aiflame.agent.kernel.stop_watchdog import StopWatchdog
 from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
-from aiflame.agent.kernel.uprobes import Uprobe, attach_uprobe
+from aiflame.agent.kernel.uprobes import ProbeSite, Uprobe, attach_sites
 from aiflame.core.errors import HostError
 from aiflame.core.raw import Mapping, RawSample
 
@@ -172,8 +172,8 @@ class CpuSampler:
     def start(self, pids: list[int]) -> None:
         functions = {"on_sample": "perf_event"} | dict.fromkeys(UW_PROGS["uw_progs"], "perf_event")
         if self.config.probes:
-            functions |= {"on_call": "kprobe", "on_ret": "kprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
-                                                                                   "kprobe")
+            functions |= {"on_call": "uprobe", "on_ret": "uprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
+                                                                                   "uprobe")
         try:
             self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS)
         except BpfLoadError as e:
@@ -331,10 +331,12 @@ class CpuSampler:
         """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics."""
         return self._bpf.progs["on_ret" if ret else "on_call"]
 
-    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False, ref_ctr: int = 0) -> None:
-        """Probe `path` at file offset `offset` in every process; the program keeps target pids only.
-        `ref_ctr`: file offset of a USDT semaphore to raise while attached (0: none)."""
-        self._uprobes.append(attach_uprobe(self.prog_fd(ret), path, offset, probe, ret=ret, ref_ctr=ref_ctr))
+    def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]:
+        """Probe `sites` of `path` in every process (one uprobe_multi link where the kernel has them); the program
+        keeps target pids only. Returns, by probe id, why a site could not be probed."""
+        done, failed = attach_sites(self.prog_fd(ret), path, sites, ret=ret, multi=self._bpf.uprobe_multi)
+        self._uprobes += done
+        return failed
 
     def mark_library_seen(self, path_hash: int) -> None:
         """Opens of this path (FNV-1a of its bytes, as the target passed them) no longer stop targets."""
@@ -362,9 +364,9 @@ class CpuSampler:
         return {struct_name: (maps[m].fields, maps[m].value_size) for struct_name, m in names.items()}
 
     def detach_probes(self, background: bool = False) -> None:
-        """Remove every runtime probe attached so far (the program stays loaded). Each detach waits out the
-        kernel's uprobe grace period (~0.2 s here), so they run on parallel threads and the waits overlap;
-        with `background`, without waiting for them."""
+        """Remove every runtime probe attached so far (the program stays loaded). Each link's detach waits out
+        the kernel's uprobe grace period (~0.1 s here), so they run on parallel threads; with `background`,
+        without waiting for them."""
         probes, self._uprobes = self._uprobes, []
         if not probes:
             return

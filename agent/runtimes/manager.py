@@ -7,13 +7,13 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from aiflame.agent.kernel.records import MAX_PROBES, ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
-from aiflame.agent.kernel.uprobes import UprobeError
+from aiflame.agent.kernel.uprobes import ProbeSite
 from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.usdt import usdt_spec
 from aiflame.core.limits import Allowance, charged_to
@@ -66,8 +66,7 @@ class ProbeTarget(Protocol):
     """What the manager needs from the sampler (tests stand in for BPF)."""
 
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None: ...
-    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False,
-                     ref_ctr: int = 0) -> None: ...
+    def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]: ...
     def mark_library_seen(self, path_hash: int) -> None: ...
     def resumed(self, pid: int, stopped_ns: int) -> None: ...
 
@@ -179,6 +178,7 @@ class ProbeManager:
         except SymbolizeError as e:
             self.warnings.append(f"{path}: {e}")
             return done
+        placing: list[tuple[ProbeSite, Runtime, str]] = []  # (site, runtime, call)
         for note in notes:
             site = sites.get((note.provider, note.name))
             if site is None or note.offset < 0:
@@ -196,37 +196,43 @@ class ProbeManager:
             self._specs.append((rt, spec))
             self._owner[id(spec)] = rt
             self._bpf.set_probe_spec(probe, spec_rec(spec))
-            try:
-                self._bpf.attach_probe(elf.fd_path, note.offset, probe, ref_ctr=spec.semaphore)  # 0: no semaphore
-            except UprobeError as e:
-                self.warnings.append(str(e).replace(elf.fd_path, path))
-                continue
-            done = self._placed(done, path, rt, call)
+            placing.append((ProbeSite(note.offset, probe, spec.semaphore), rt, call))  # semaphore 0: none
+        failed = self._attach(elf, path, [at for at, _, _ in placing])
+        for at, rt, call in placing:
+            if at.cookie not in failed:
+                done = self._placed(done, path, rt, call)
         return done
 
     def _attach_symbols(self, elf: ElfFile, path: str,
                         wanted: list[tuple[int, Runtime, ProbeSpec]]) -> Attached | None:
         names = {s for _, _, spec in wanted for s in spec.symbols}
         addrs = elf.function_addresses(names)
-        done: Attached | None = None
+        placing: list[tuple[ProbeSite, Runtime, ProbeSpec]] = []
         for probe, rt, spec in wanted:
             sym = next((s for s in spec.symbols if s in addrs), None)
             if sym is None:
                 continue
             offset = elf.vaddr_to_file_offset(addrs[sym])
-            if offset is None:
-                continue
-            # Through the open file, not its path: a /proc/PID/root path fails once that process exits, and the
-            # file would then stay unprobed for every later process (the soak's first target often exits here).
-            try:
-                self._bpf.attach_probe(elf.fd_path, offset, probe)
-                if spec.ret:
-                    self._bpf.attach_probe(elf.fd_path, offset, probe, ret=True)
-            except UprobeError as e:
-                self.warnings.append(str(e).replace(elf.fd_path, path))
-                continue
-            done = self._placed(done, path, rt, spec.call)
+            if offset is not None:
+                placing.append((ProbeSite(offset, probe), rt, spec))
+        failed = self._attach(elf, path, [site for site, _, _ in placing])
+        failed |= self._attach(elf, path, [site for site, _, spec in placing if spec.ret and site.cookie not in failed],
+                               ret=True)
+        done: Attached | None = None
+        for site, rt, spec in placing:
+            if site.cookie not in failed:
+                done = self._placed(done, path, rt, spec.call)
         return done
+
+    def _attach(self, elf: ElfFile, path: str, sites: list[ProbeSite], *, ret: bool = False) -> dict[int, str]:
+        """Attach `sites` in one go; returns (and warns about) the probes that did not go in, by probe id.
+        Through the open file, not its path: a /proc/PID/root path fails once that process exits, and the file
+        would then stay unprobed for every later process (the soak's first target often exits here)."""
+        if not sites:
+            return {}
+        failed = self._bpf.attach_probes(elf.fd_path, sites, ret=ret)
+        self.warnings += [why.replace(elf.fd_path, path) for why in failed.values()]
+        return failed
 
     def _placed(self, done: Attached | None, path: str, rt: Runtime, call: str) -> Attached:
         """Record a probe placed in `path` for `call`; the file's Attached entry is made at its first probe."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from aiflame.agent.kernel.records import ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, RetRecord
-from aiflame.agent.kernel.uprobes import UprobeError
+from aiflame.agent.kernel.uprobes import ProbeSite
 from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
 from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
@@ -32,8 +33,9 @@ class FakeBpf:
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
         self.specs[probe] = spec
 
-    def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False, ref_ctr: int = 0) -> None:
-        self.attached.append((path, offset, probe, ret))
+    def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]:
+        self.attached += [(path, s.offset, s.cookie, ret) for s in sites]
+        return {}
 
     def mark_library_seen(self, path_hash: int) -> None:
         self.seen.add(path_hash)
@@ -111,11 +113,11 @@ def test_probes_go_in_through_the_open_file(tmp_path: Path) -> None:
     shutil.copy(LIBC, lib)
 
     class PathGoneBpf(FakeBpf):
-        def attach_probe(self, path: str, offset: int, probe: int, *, ret: bool = False, ref_ctr: int = 0) -> None:
+        def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]:
             lib.unlink(missing_ok=True)  # the path dies at the first attach
-            if not os.path.exists(path):  # as perf_event_open resolves it
-                raise UprobeError(f"cannot probe {path}+{offset:#x}: No such file or directory")
-            super().attach_probe(path, offset, probe, ret=ret, ref_ctr=ref_ctr)
+            if not os.path.exists(path):  # as the kernel resolves it
+                return {s.cookie: f"cannot probe {path}+{s.offset:#x}: No such file or directory" for s in sites}
+            return super().attach_probes(path, sites, ret=ret)
 
     bpf = PathGoneBpf()
     mgr = ProbeManager([Libc()], bpf)
