@@ -22,6 +22,7 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 from typing import BinaryIO
 
 from aiflame.core.errors import BadInput
@@ -135,12 +136,15 @@ class OutputDir:
         except FileNotFoundError:
             pass
 
-    def write_atomic(self, name: str, data: bytes, mode: int = 0o666) -> None:
-        """`name` holds `data` once this returns, or keeps what it held: a temporary file renamed into place."""
+    def write_atomic(self, name: str, data: bytes | Iterable[bytes | bytearray | memoryview],
+                     mode: int = 0o666) -> None:
+        """`name` holds `data` (bytes, or pieces written in turn) once this returns, or keeps what it held: a
+        temporary file renamed into place."""
         fd, tmp = self.create_temp(name, mode)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for piece in (data,) if isinstance(data, bytes) else data:
+                    f.write(piece)
             self.rename(tmp, name)
         except BaseException:
             self.unlink(tmp)

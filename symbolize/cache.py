@@ -1,4 +1,5 @@
-"""On-disk cache of resolved symbols, one gzip'd JSON file per binary (keyed by build id).
+"""On-disk cache of resolved symbols, one gzip'd JSON file per binary (keyed by build id), and beside it the
+binary's function symbols as a SymbolIndex file (`KEY.sym`, symbolize/symindex.py) for offsets not yet resolved.
 
 A later agent process symbolizing the same binary reads this instead of parsing ELF and DWARF again. The cache
 is only an accelerator: a missing, unreadable, corrupt or other-version file reads as empty (and is rewritten
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 
 from aiflame.core.model import FrameKind
 from aiflame.core.safe_files import FileRefused, OutputDir, read_regular, trusted_dir
+from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.symindex import SymbolIndex
 
 __all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir", "read_json_gz",
            "write_json_gz"]
@@ -95,11 +98,11 @@ class SymbolCache:
     def __init__(self, cache_dir: str | None = None) -> None:
         self.dir = cache_dir or default_cache_dir()
 
-    def path_for(self, key: str) -> str:
+    def path_for(self, key: str, suffix: str = ".json.gz") -> str:
         """The file holding `key`; keys that are not plain names (build ids are) are hashed."""
         if not _SAFE_KEY.match(key):
             key = "h-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-        return os.path.join(self.dir, key[:2], key + ".json.gz")
+        return os.path.join(self.dir, key[:2], key + suffix)
 
     def load(self, key: str) -> CachedSymbols | None:
         """The cached symbols of `key`, or None when absent or unusable."""
@@ -116,6 +119,28 @@ class SymbolCache:
     def store(self, key: str, symbols: CachedSymbols) -> None:
         """Write all of `symbols` for `key` atomically; failures are logged and ignored."""
         write_json_gz(self.path_for(key), _encode(key, symbols), "symbol cache")
+
+
+    def load_index(self, key: str) -> SymbolIndex | None:
+        """The saved function symbols of `key` (symbolize/symindex.py), or None when absent or unusable."""
+        path = self.path_for(key, ".sym")
+        try:
+            os.close(trusted_dir(os.path.abspath(os.path.dirname(path)), create=False))
+            return SymbolIndex.from_bytes(read_regular(path, MAX_FILE_BYTES, follow=False))
+        except FileNotFoundError:
+            return None
+        except (OSError, FileRefused, SymbolizeError) as e:
+            log.debug("symbol index %s ignored: %s", path, e)
+            return None
+
+    def store_index(self, key: str, index: SymbolIndex) -> None:
+        """Save `index` for `key` atomically; failures are logged and ignored."""
+        path = self.path_for(key, ".sym")
+        try:
+            with OutputDir.adopt(trusted_dir(os.path.abspath(os.path.dirname(path))), os.path.dirname(path)) as d:
+                d.write_atomic(os.path.basename(path), index.pieces(), 0o600)
+        except (OSError, FileRefused) as e:
+            log.debug("symbol index %s not written: %s", path, e)
 
 
 def _encode(key: str, symbols: CachedSymbols) -> dict[str, object]:

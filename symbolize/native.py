@@ -15,7 +15,6 @@ samples in one unnamed function so share one frame.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import logging
 import os
@@ -31,8 +30,9 @@ from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
 from aiflame.symbolize.objfmt.ehframe import FunctionStarts, function_starts
 from aiflame.symbolize.objfmt.elf import ElfFile
-from aiflame.symbolize.objfmt.elf_symbols import Symbol
+from aiflame.symbolize.objfmt.elf_symbols import function_symbols
 from aiflame.symbolize.objfmt.minidebug import minidebug_functions
+from aiflame.symbolize.symindex import SymbolIndex
 
 __all__ = ["NativeSymbolizer", "offset_name"]
 
@@ -42,32 +42,6 @@ _UNKNOWN_KIND = int(FrameKind.UNKNOWN)
 _T = TypeVar("_T")
 _DELETED = " (deleted)"
 _MAX_OPEN_BINARIES = 32  # parsed binaries kept in memory (each holds a file descriptor and its tables)
-_LOOKBACK = 16  # how many preceding symbols may cover an address (nested or overlapping symbols)
-
-
-class _SymbolIndex:
-    """Nearest-preceding-symbol lookup over a sorted, deduplicated symbol list."""
-
-    def __init__(self, symbols: list[Symbol]) -> None:
-        self._addrs = [s.addr for s in symbols]
-        self._ends = [s.addr + max(s.size, 1) for s in symbols]
-        self._names = [s.name for s in symbols]
-
-    def find(self, vaddr: int) -> str | None:
-        i = bisect.bisect_right(self._addrs, vaddr) - 1
-        for j in range(i, max(i - _LOOKBACK, -1), -1):
-            if vaddr < self._ends[j]:
-                return self._names[j]
-        return None
-
-
-def _merge_symbols(*lists: list[Symbol]) -> list[Symbol]:
-    """One symbol per address; earlier lists win (the debug file's full .symtab before the binary's)."""
-    by_addr: dict[int, Symbol] = {}
-    for syms in lists:
-        for s in syms:
-            by_addr.setdefault(s.addr, s)
-    return [by_addr[a] for a in sorted(by_addr)]
 
 
 def offset_name(module: str, off: int) -> str:
@@ -105,14 +79,19 @@ def _strip_version(name: str) -> str:
 class _Binary:
     """The opened sources of one binary: the file itself and/or its debug file."""
 
-    def __init__(self, main: ElfFile | None, debug: ElfFile | None) -> None:
+    def __init__(self, main: ElfFile | None, debug: ElfFile | None, index: SymbolIndex | None = None) -> None:
+        """`index`: the function symbols saved by an earlier run (from the same sources), else read here."""
         self.main = main
         self.debug = debug
         self.debug_path = debug.path if debug else None
-        lists = [f.functions() for f in (debug, main) if f is not None]
-        if main is not None and debug is None:
-            lists.append(_optional("MiniDebugInfo", main.path, lambda: minidebug_functions(main), []))
-        self._index = _SymbolIndex(_merge_symbols(*lists))
+        self.index_read = index is None
+        if index is None:
+            # Read uncached (not ElfFile.functions()): the index replaces the list, which must not stay alive.
+            lists = [function_symbols(f) for f in (debug, main) if f is not None]
+            if main is not None and debug is None:
+                lists.append(_optional("MiniDebugInfo", main.path, lambda: minidebug_functions(main), []))
+            index = SymbolIndex.merged(*lists, source=self.debug_path)
+        self.index = index
         self._starts: FunctionStarts | None = None  # read at the first offset no symbol covers
         line_src = debug if debug is not None and debug.has_dwarf_lines else main
         self._lines = LineTable(line_src) if line_src is not None and line_src.has_dwarf_lines else None
@@ -146,7 +125,7 @@ class _Binary:
         out: dict[int, Entry] = {}
         for off in offsets:
             vaddr = self._vaddr(off)
-            name = self._index.find(vaddr) if vaddr is not None else None
+            name = self.index.find(vaddr) if vaddr is not None else None
             if name is None or vaddr is None:
                 out[off] = _unnamed(self._function_offset(vaddr, off))
             else:
@@ -211,7 +190,7 @@ class NativeSymbolizer:
         # Unknowns from an unreadable binary are not remembered: it may be readable on the next call.
         failed: dict[int, Entry] = {}
         if missing:
-            binary = self._binary(key, clean, build_id)
+            binary = self._binary(key, clean, build_id, persist)
             if binary is None:
                 failed = {o: _unnamed(o) for o in missing}
             else:
@@ -258,18 +237,19 @@ class NativeSymbolizer:
             return False
         return any(os.path.exists(build_id_path(d, build_id)) for d in self._debug_dirs)
 
-    def _binary(self, key: str, path: str, build_id: str | None) -> _Binary | None:
+    def _binary(self, key: str, path: str, build_id: str | None, persist: bool) -> _Binary | None:
         if key in self._binaries:
             self._binaries.move_to_end(key)
             return self._binaries[key]
-        binary = self._open(path, build_id)
+        binary = self._open(path, build_id, key if persist else None)
         if binary is not None:
             self._binaries[key] = binary
             while len(self._binaries) > _MAX_OPEN_BINARIES:
                 self._binaries.popitem(last=False)[1].close()
         return binary
 
-    def _open(self, path: str, build_id: str | None) -> _Binary | None:
+    def _open(self, path: str, build_id: str | None, key: str | None) -> _Binary | None:
+        """The binary's sources; `key`: where its function symbols are saved on disk (None: not saved)."""
         host = self._in_root(path)
         main: ElfFile | None = None
         try:
@@ -291,8 +271,14 @@ class NativeSymbolizer:
                 log.debug("debug file %s unusable: %s", dbg_path, e)
         if main is None and debug is None:
             return None
+        index = self._cache.load_index(key) if key is not None else None
+        if index is not None and index.source != (debug.path if debug else None):
+            index = None  # saved from other sources (a debug file appeared or moved)
         try:
-            return _Binary(main, debug)
+            binary = _Binary(main, debug, index)
+            if binary.index_read and key is not None:
+                self._cache.store_index(key, binary.index)
+            return binary
         except SymbolizeError as e:
             log.debug("binary %s unusable: %s", host, e)
             for f in (main, debug):

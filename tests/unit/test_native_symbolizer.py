@@ -277,6 +277,39 @@ def test_disk_cache_merges_new_offsets(built: Built, tmp_path: Path, monkeypatch
     assert NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [a, b]) == both
 
 
+def test_new_offsets_later_read_the_saved_function_symbols(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offsets never resolved before need the binary again, but not its symbol tables: those were saved as a
+    SymbolIndex at the first read (libtorch_cpu: 2.7 s of every capture's post-processing)."""
+    cache = str(tmp_path / "cache")
+    a, b = offset_of(built.prog, "main", 4), offset_of(built.prog, "loop_sum", 4)
+    bid = built.build_ids["prog"]
+    NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [a])
+    assert os.path.exists(SymbolCache(cache).path_for(bid, ".sym"))
+
+    def no_tables(elf: ElfFile) -> list[object]:
+        raise AssertionError("symbol tables read again")
+
+    monkeypatch.setattr(native_mod, "function_symbols", no_tables)
+    got = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [a, b])
+    assert (got[a].name, got[b].name) == ("main", "loop_sum")
+
+
+def test_a_saved_index_from_other_sources_is_read_again(built: Built, tmp_path: Path) -> None:
+    """An index saved without a debug file is not used once one is found (its names may be fewer)."""
+    cache = str(tmp_path / "cache")
+    bid = built.build_ids["prog"]
+    off = offset_of(built.prog, "main", 4)
+    NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [off])
+    saved = SymbolCache(cache).load_index(bid)
+    assert saved is not None and saved.source is None and saved.find(readelf_functions(built.prog)["main"][0])
+    Path(SymbolCache(cache).path_for(bid, ".sym")).write_bytes(b"AIFLSYM1 and then garbage")
+    again = NativeSymbolizer(cache_dir=cache, debug_dirs=()).symbolize(str(built.prog), bid, [off + 1])
+    assert again[off + 1].name == "main"
+    assert SymbolCache(cache).load_index(bid) is not None  # rewritten whole
+
+
 def test_corrupt_cache_is_ignored_and_rewritten(built: Built, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     bid = built.build_ids["prog"]
