@@ -137,12 +137,25 @@ static __always_inline u64 find_tstate(struct py_proc *pp, u32 tid) {
 /* .eh_frame unwinding (bpf/unwind.h says how the tables are laid out). The row pool is mmapped by the agent,
  * which writes a file's rows in one copy. */
 BPF_F_TABLE("array", u32, u64, unwind_rows, AIFLAME_UNWIND_ROWS, BPF_F_MMAPABLE);
+/* u32 entries two to a u64 value (an array map's values are 8-byte aligned): entry e is the low (e even) or high
+ * half of value e / 2, so the agent writes the mmapped map as a plain u32 array. */
+BPF_F_TABLE("array", u32, u64, unwind_index, AIFLAME_UNWIND_INDEX / 2, BPF_F_MMAPABLE);
+
+static __always_inline int uw_index_entry(u32 e, u32 *out) {
+    u32 slot = e >> 1;
+    u64 *v = unwind_index.lookup(&slot);
+    if (!v)
+        return -1;
+    *out = (u32)(*v >> ((e & 1) * 32));
+    return 0;
+}
 BPF_ARRAY(unwind_rules, struct unwind_rule, AIFLAME_UNWIND_RULES);
 BPF_F_TABLE("hash", u32, struct unwind_proc, unwind_procs, AIFLAME_UNWIND_PROCS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(layout_unwind_proc, struct unwind_proc, 1);
 BPF_ARRAY(layout_unwind_rule, struct unwind_rule, 1);
 
 #define AIFLAME_MAX_FRAME_BYTES (8u << 20)
+#define UW_PAGE 4096
 
 /* Where a user walk stands between tail calls (per CPU, like the sample it fills). */
 struct uw_state {
@@ -157,8 +170,31 @@ struct uw_state {
     u32 lo;
     u32 hi;
     u32 pad;
+    /* One page of the walked stack, copied whole at its first read: a deep walk reads a return address (and
+     * often rbp) in every frame. Invalid (page_addr 0) at the start of each walk: the stack changes between
+     * samples. */
+    u64 page_addr;
+    u8 page[UW_PAGE + 8];
 };
 BPF_PERCPU_ARRAY(uw_scratch, struct uw_state, 1);
+
+/* *out = the user u64 at addr, through the page copy in st (read on a miss); a read straddling two pages, or
+ * from a page that cannot be copied whole, goes to the user memory directly. */
+static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
+    u64 base = addr & ~(u64)(UW_PAGE - 1);
+    u64 off = addr & (UW_PAGE - 1);
+    if (off > UW_PAGE - 8)
+        return bpf_probe_read_user(out, 8, (void *)addr);
+    if (st->page_addr != base) {
+        if (bpf_probe_read_user(st->page, UW_PAGE, (void *)base) != 0) {
+            st->page_addr = 0;
+            return bpf_probe_read_user(out, 8, (void *)addr);
+        }
+        st->page_addr = base;
+    }
+    __builtin_memcpy(out, st->page + (off & (UW_PAGE - 1)), 8);
+    return 0;
+}
 
 static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, struct uw_state *st, u64 pc) {
     st->lo = 0;
@@ -180,10 +216,26 @@ static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, str
     return pc < m->end ? m : NULL;
 }
 
-/* The rule index of the last row at or below `addr` among rows [first, first + n); 0 (not covered) if none. */
-static __always_inline u32 uw_find_rule(struct uw_state *st, u32 first, u32 n, u32 addr) {
+/* The rule index of m's last row at or below `addr`; 0 (not covered) if none. With a page index only the rows of
+ * addr's page are searched: every row below them is below addr and every row above them is above it. */
+static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
+    u32 first = m->first_row, n = m->nrows;
     st->lo = 0;
     st->hi = n;
+    if (m->npages) {
+        if (addr < m->page_base)
+            return 0;
+        u32 k = (addr - m->page_base) >> UW_INDEX_SHIFT;
+        if (k < m->npages) {
+            u32 lo, hi;
+            if (uw_index_entry(m->index_first + k, &lo) || uw_index_entry(m->index_first + k + 1, &hi))
+                return 0;
+            st->lo = lo;
+            st->hi = hi;
+        } else {
+            st->lo = n;  /* past the last page: the last row */
+        }
+    }
     for (int i = 0; i < AIFLAME_ROW_STEPS; i++) {
         u32 lo = st->lo, hi = st->hi;
         if (lo >= hi)
@@ -246,7 +298,7 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
             fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED : UW_STOP_FP_END;
             if (m->nrows) {
                 u64 addr = look - m->bias;
-                u32 rule = addr >> 32 ? 0 : uw_find_rule(st, m->first_row, m->nrows, (u32)addr);
+                u32 rule = addr >> 32 ? 0 : uw_find_rule(st, m, (u32)addr);
                 fail = UW_STOP_NOT_COVERED;
                 if (rule) {
                     r = unwind_rules.lookup(&rule);
@@ -273,7 +325,7 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
         else if (cfa_type == CFA_PLT10)
             cfa = sp + 8 + ((pc & 15) >= 10 ? 8 : 0);
         else if (r && cfa_type == CFA_DEREF_RBP) {
-            if (bpf_probe_read_user(&cfa, 8, (void *)(bp + r->cfa_off)) != 0) {
+            if (uw_read(st, &cfa, bp + r->cfa_off) != 0) {
                 st->why |= UW_STOP_READ_FAULT;
                 done = 1;
                 break;
@@ -298,8 +350,8 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
         }
         if (cfa) {
             u64 ra = 0;
-            if (bpf_probe_read_user(&ra, 8, (void *)(cfa - 8)) != 0 ||
-                (r && r->rbp_type == RBP_AT_CFA && bpf_probe_read_user(&bp, 8, (void *)(cfa + r->rbp_off)) != 0)) {
+            if (uw_read(st, &ra, cfa - 8) != 0 ||
+                (r && r->rbp_type == RBP_AT_CFA && uw_read(st, &bp, cfa + r->rbp_off) != 0)) {
                 st->why |= UW_STOP_READ_FAULT;
                 done = 1;
                 break;
@@ -310,7 +362,7 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
             /* frame pointers: [bp] = the caller's bp, [bp + 8] = the return address */
             u64 frame[2];
             if (bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
-                bpf_probe_read_user(frame, 16, (void *)bp) != 0) {
+                uw_read(st, &frame[0], bp) != 0 || uw_read(st, &frame[1], bp + 8) != 0) {
                 st->why |= fail;
                 done = 1;
                 break;
@@ -476,6 +528,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         st->n = 0;
         st->why = 0;
         st->calls = 0;
+        st->page_addr = 0;
         if (st->pc)
             uw_progs.call(ctx, UW_PROG_STEP);
         count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */

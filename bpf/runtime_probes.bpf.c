@@ -178,6 +178,7 @@ int on_call(struct pt_regs *ctx) {
             st->n = 0;
             st->why = 0;
             st->calls = 0;
+            st->page_addr = 0;
             uw_call_progs.call(ctx, UW_PROG_STEP);
             count(CNT_UW_TAILCALL_FAIL);
         }

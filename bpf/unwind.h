@@ -7,7 +7,9 @@
  *   unwind_procs[pid] the process's executable mappings, sorted by start: runtime range, bias (runtime address
  *                    minus ELF address) and the file's row range; a mapping with no rows is walked with
  *                    frame pointers.
- * Every frame costs two binary searches (mapping, then row). The walk ends cleanly at a row whose return
+ *   unwind_index[i] u32: per file, for each 4 KiB page of its code, the first of its rows at or above the page
+ *                    (npages + 1 entries), so the row search covers one page's rows (~40), not all (~10^6)
+ * Every frame costs two binary searches (mapping, then row within the page). The walk ends cleanly at a row whose return
  * address is undefined (_start, a thread's clone child) or a zero return address, and says why it ended
  * otherwise (UW_STOP_*), so user space can count the reasons per mapping.
  */
@@ -18,6 +20,10 @@
 #define AIFLAME_UNWIND_ROWS (1 << 22)
 #endif
 #define AIFLAME_UNWIND_RULES 65536
+#ifndef AIFLAME_UNWIND_INDEX
+#define AIFLAME_UNWIND_INDEX (1 << 20)
+#endif
+#define UW_INDEX_SHIFT 12
 #define AIFLAME_UNWIND_MAPS 256     /* executable mappings per process (power of two) */
 #define AIFLAME_UNWIND_PROCS 8192
 #define AIFLAME_ROW_STEPS 23        /* binary-search steps: 2^23 rows per file at most */
@@ -63,6 +69,10 @@ struct unwind_map {
     __u64 bias;        /* runtime address - ELF virtual address */
     __u32 first_row;
     __u32 nrows;       /* 0: walk this mapping with frame pointers */
+    __u32 index_first; /* unwind_index[index_first + k]: the first row (of this file's) at or above page k */
+    __u32 page_base;   /* ELF address of page 0 (pages of 1 << UW_INDEX_SHIFT bytes) */
+    __u32 npages;      /* 0: no page index, search all rows */
+    __u32 pad;
 };
 
 struct unwind_proc {

@@ -7,12 +7,14 @@ back to frame pointers alone, with its error kept once for the summary and `doct
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import logging
 import mmap
 import os
 import struct
 import time
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -27,7 +29,10 @@ log = logging.getLogger(__name__)
 MAX_MAPS = 256  # AIFLAME_UNWIND_MAPS
 MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
 ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
-_MAP = struct.Struct("<QQQII")  # struct unwind_map: start, end, bias, first_row, nrows
+_MAP = struct.Struct("<QQQIIIII4x")  # struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base,
+#                                       npages
+PAGE_SHIFT = 12  # UW_INDEX_SHIFT: the page index has one entry per 4 KiB of a file's code
+MAX_INDEX_PAGES = 1 << 20  # a table spanning more pages than this (or 4x its rows) gets none
 _PROC_HEAD = struct.Struct("<II")  # n, flags
 _U32 = struct.Struct("<I")
 
@@ -37,7 +42,8 @@ class UnwindMap(ctypes.Structure):
     """Mirror of struct unwind_map (a test checks it against the C layout)."""
 
     _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("bias", ctypes.c_uint64),
-                ("first_row", ctypes.c_uint32), ("nrows", ctypes.c_uint32)]
+                ("first_row", ctypes.c_uint32), ("nrows", ctypes.c_uint32), ("index_first", ctypes.c_uint32),
+                ("page_base", ctypes.c_uint32), ("npages", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 class UnwindProc(ctypes.Structure):
@@ -52,6 +58,43 @@ class _Loaded:
     nrows: int
     users: set[int] = field(default_factory=set)
     used_ns: int = 0
+    index_first: int = 0
+    page_base: int = 0
+    npages: int = 0  # 0: no page index (the walker searches all rows)
+
+
+class _FreeList:
+    """First-fit allocation of slot ranges in a fixed pool."""
+
+    def __init__(self, capacity: int) -> None:
+        self.free: list[tuple[int, int]] = [(0, capacity)] if capacity else []  # (start, length), by start
+
+    def alloc(self, n: int) -> int | None:
+        for i, (start, length) in enumerate(self.free):
+            if length >= n:
+                self.free[i:i + 1] = [(start + n, length - n)] if length > n else []
+                return start
+        return None
+
+    def release(self, start: int, n: int) -> None:
+        self.free.append((start, n))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, ln in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + ln)
+            else:
+                merged.append((s, ln))
+        self.free = merged
+
+
+def page_index(rows: bytes, page_shift: int = PAGE_SHIFT) -> tuple[int, array[int]]:
+    """(ELF address of page 0, the index of the first row at or above each page's start, for npages + 1 pages):
+    the rows of page k are [index[k], index[k + 1]), so the walker searches those few instead of all."""
+    addrs = array("I", memoryview(rows).cast("I")[0::2])
+    base = addrs[0] & ~((1 << page_shift) - 1)
+    npages = ((addrs[-1] - base) >> page_shift) + 1
+    return base, array("I", (bisect.bisect_left(addrs, base + (k << page_shift)) for k in range(npages + 1)))
 
 
 @dataclass
@@ -69,20 +112,27 @@ class UnwindTables:
     """Fills unwind_rows, unwind_rules and unwind_procs of a loaded sampler."""
 
     def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build,
-                 pool: bytearray | None = None) -> None:
-        """`pool`: the row pool's memory (tests); by default the unwind_rows map, mmapped."""
+                 pool: bytearray | None = None, index_pool: bytearray | None = None) -> None:
+        """`pool`, `index_pool`: the row pool's and page index's memory (tests); by default the unwind_rows and
+        unwind_index maps, mmapped. Without an unwind_index map (or index_pool) tables get no page index."""
         self._rows_map = obj.maps["unwind_rows"]
         self._rules_map = obj.maps["unwind_rules"]
         self._procs = obj.maps["unwind_procs"]
         self._table_for = table_for
         self.capacity = self._rows_map.max_entries
-        size = self.capacity * 8
         self._pool: mmap.mmap | bytearray = pool if pool is not None else mmap.mmap(
-            self._rows_map.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._rows_map.fd, self.capacity * 8, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        index_map = obj.maps.get("unwind_index")
+        self._index: mmap.mmap | bytearray | None = index_pool
+        if index_pool is None and index_map is not None and pool is None:
+            # u64 values holding two u32 entries each (bpf/cpu_sampler.bpf.c): a plain u32 array here
+            self._index = mmap.mmap(index_map.fd, index_map.max_entries * 8, mmap.MAP_SHARED,
+                                    mmap.PROT_READ | mmap.PROT_WRITE)
+        self._index_free = _FreeList(len(self._index) // 4 if self._index is not None else 0)
         self._rules: dict[Rule, int] = {NOT_COVERED: 0}
         self._rules_map.update(_U32.pack(0), RULE.pack(*NOT_COVERED))
         self._files: dict[str, _Loaded] = {}
-        self._free: list[tuple[int, int]] = [(0, self.capacity)]  # (start, length), sorted by start
+        self._free = _FreeList(self.capacity)
         self._proc_keys: dict[int, list[tuple[Mapping, str]]] = {}  # pid -> its mappings and their file keys
         self._bias: dict[tuple[int, int], int] = {}  # (pid, mapping start) -> runtime minus ELF address
         self._evicted: set[str] = set()
@@ -90,8 +140,9 @@ class UnwindTables:
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
-        if isinstance(self._pool, mmap.mmap):
-            self._pool.close()
+        for pool in (self._pool, self._index):
+            if isinstance(pool, mmap.mmap):
+                pool.close()
 
     # --- processes ----------------------------------------------------------------------------------------
 
@@ -127,10 +178,11 @@ class UnwindTables:
         for i, (m, key) in enumerate(entries):
             bias, loaded = self._bias.get((pid, m.start), 0), self._files.get(key)
             if loaded:
-                first, nrows = loaded.first, loaded.nrows
+                first, nrows, index = loaded.first, loaded.nrows, (loaded.index_first, loaded.page_base, loaded.npages)
             else:
-                first, nrows = (ROWS_EVICTED if key in self._evicted else 0), 0
-            _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows)
+                first, nrows, index = (ROWS_EVICTED if key in self._evicted else 0), 0, (0, 0, 0)
+            _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows,
+                           *index)
         self._procs.update(_U32.pack(pid), bytes(proc))
 
     # --- tables -------------------------------------------------------------------------------------------
@@ -203,11 +255,26 @@ class UnwindTables:
         for i in range(2, len(local), 4):
             view[i] = rules[local[i]]
         self._pool[first * 8:(first + n) * 8] = out
-        self._files[key] = _Loaded(first, n, used_ns=time.monotonic_ns())
+        loaded = self._files[key] = _Loaded(first, n, used_ns=time.monotonic_ns())
+        self._store_index(loaded, table.rows)
         self._evicted.discard(key)
         self.stats.loaded += 1
         self._update_stats()
         return True
+
+    def _store_index(self, loaded: _Loaded, rows: bytes) -> None:
+        """Give `loaded` a page index if it is compact enough and the index pool has room (else none: slower)."""
+        if self._index is None:
+            return
+        base, index = page_index(rows)
+        npages = len(index) - 1
+        if npages > MAX_INDEX_PAGES or npages > 4 * loaded.nrows:
+            return
+        at = self._index_free.alloc(len(index))
+        if at is None:
+            return
+        self._index[at * 4:(at + len(index)) * 4] = index.tobytes()
+        loaded.index_first, loaded.page_base, loaded.npages = at, base, npages
 
     def _global_rules(self, rules: tuple[Rule, ...]) -> list[int] | None:
         out = []
@@ -224,23 +291,14 @@ class UnwindTables:
 
     def _alloc(self, n: int) -> int | None:
         while True:
-            for i, (start, length) in enumerate(self._free):
-                if length >= n:
-                    self._free[i:i + 1] = [(start + n, length - n)] if length > n else []
-                    return start
+            start = self._free.alloc(n)
+            if start is not None:
+                return start
             if not self._evict_one():
                 return None
 
     def _release(self, start: int, n: int) -> None:
-        self._free.append((start, n))
-        self._free.sort()
-        merged: list[tuple[int, int]] = []
-        for s, ln in self._free:
-            if merged and merged[-1][0] + merged[-1][1] == s:
-                merged[-1] = (merged[-1][0], merged[-1][1] + ln)
-            else:
-                merged.append((s, ln))
-        self._free = merged
+        self._free.release(start, n)
 
     def _evict_one(self) -> bool:
         """Evict the least recently used table, preferring those no live process maps."""
@@ -249,6 +307,8 @@ class UnwindTables:
         key = min(self._files, key=lambda k: (bool(self._files[k].users), self._files[k].used_ns))
         loaded = self._files.pop(key)
         self._release(loaded.first, loaded.nrows)
+        if loaded.npages:
+            self._index_free.release(loaded.index_first, loaded.npages + 1)
         self._evicted.add(key)
         self.stats.evicted += 1
         for pid in sorted(loaded.users):
