@@ -173,6 +173,8 @@ struct uw_state {
     /* One page of the walked stack, copied whole at its first read: a deep walk reads a return address (and
      * often rbp) in every frame. Invalid (page_addr 0) at the start of each walk: the stack changes between
      * samples. */
+    u32 last_map;  /* 1 + the index of the previous frame's mapping in unwind_proc.m, 0 for none */
+    u32 pad2;
     u64 page_addr;
     u8 page[UW_PAGE + 8];
 };
@@ -197,6 +199,12 @@ static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
 }
 
 static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, struct uw_state *st, u64 pc) {
+    u32 last = st->last_map;  /* consecutive frames are often in one file: try the previous frame's first */
+    if (last) {
+        struct unwind_map *m = &p->m[(last - 1) & (AIFLAME_UNWIND_MAPS - 1)];
+        if (m->start <= pc && pc < m->end)
+            return m;
+    }
     st->lo = 0;
     st->hi = p->n;
     for (int i = 0; i < AIFLAME_MAP_STEPS; i++) {
@@ -213,7 +221,10 @@ static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, str
     if (lo == 0 || lo > AIFLAME_UNWIND_MAPS)
         return NULL;
     struct unwind_map *m = &p->m[(lo - 1) & (AIFLAME_UNWIND_MAPS - 1)];
-    return pc < m->end ? m : NULL;
+    if (pc >= m->end)
+        return NULL;
+    st->last_map = lo;
+    return m;
 }
 
 /* The rule index of m's last row at or below `addr`; 0 (not covered) if none. With a page index only the rows of
@@ -264,7 +275,7 @@ static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *
 #define UW_PROG_FINISH 1
 BPF_PROG_ARRAY(uw_progs, 2);
 #ifndef AIFLAME_UW_FRAMES
-#define AIFLAME_UW_FRAMES 6
+#define AIFLAME_UW_FRAMES 12
 #endif
 #if !defined(AIFLAME_UW_MAX_DEPTH) || AIFLAME_UW_MAX_DEPTH > AIFLAME_MAX_STACK
 #undef AIFLAME_UW_MAX_DEPTH
@@ -529,6 +540,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         st->why = 0;
         st->calls = 0;
         st->page_addr = 0;
+        st->last_map = 0;
         if (st->pc)
             uw_progs.call(ctx, UW_PROG_STEP);
         count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */

@@ -26,7 +26,7 @@
 #define UW_INDEX_SHIFT 12
 #define AIFLAME_UNWIND_MAPS 256     /* executable mappings per process (power of two) */
 #define AIFLAME_UNWIND_PROCS 8192
-#define AIFLAME_ROW_STEPS 23        /* binary-search steps: 2^23 rows per file at most */
+#define AIFLAME_ROW_STEPS 13        /* binary-search steps: 2^23 rows per file at most */
 #define AIFLAME_MAP_STEPS 9         /* 2^9 > AIFLAME_UNWIND_MAPS */
 
 /* rule kinds (symbolize/objfmt/cfi/table.py mirrors them; a test keeps the two equal) */
