@@ -140,6 +140,8 @@ BPF_F_TABLE("array", u32, u64, unwind_rows, AIFLAME_UNWIND_ROWS, BPF_F_MMAPABLE)
 /* u32 entries two to a u64 value (an array map's values are 8-byte aligned): entry e is the low (e even) or high
  * half of value e / 2, so the agent writes the mmapped map as a plain u32 array. */
 BPF_F_TABLE("array", u32, u64, unwind_index, AIFLAME_UNWIND_INDEX / 2, BPF_F_MMAPABLE);
+/* Bumped by the agent whenever a table leaves the pool (its rows may then hold another file's). */
+BPF_ARRAY(unwind_gen, u32, 1);
 
 static __always_inline int uw_index_entry(u32 e, u32 *out) {
     u32 slot = e >> 1;
@@ -174,7 +176,7 @@ struct uw_state {
      * often rbp) in every frame. Invalid (page_addr 0) at the start of each walk: the stack changes between
      * samples. */
     u32 last_map;  /* 1 + the index of the previous frame's mapping in unwind_proc.m, 0 for none */
-    u32 pad2;
+    u32 gen;       /* unwind_gen[0] when the walk began: rule cache entries of other generations are stale */
     u64 page_addr;
     u8 page[UW_PAGE + 8];
 };
@@ -229,7 +231,7 @@ static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, str
 
 /* The rule index of m's last row at or below `addr`; 0 (not covered) if none. With a page index only the rows of
  * addr's page are searched: every row below them is below addr and every row above them is above it. */
-static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
+static __always_inline u32 uw_search_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
     u32 first = m->first_row, n = m->nrows;
     st->lo = 0;
     st->hi = n;
@@ -267,6 +269,31 @@ static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *
     u32 idx = first + lo - 1;
     u64 *row = unwind_rows.lookup(&idx);
     return row ? (u32)(*row >> 32) & 0xffff : 0;
+}
+
+/* Rules found, per CPU, direct-mapped by (table, address): a deep stack's return addresses are the same call
+ * sites sample after sample, so most frames find their rule here without searching. */
+struct uw_cache_ent {
+    u64 tag;  /* first_row << 32 | ELF address */
+    u32 rule;
+    u32 gen;
+};
+#define UW_CACHE_SLOTS 4096
+BPF_PERCPU_ARRAY(uw_rule_cache, struct uw_cache_ent, UW_CACHE_SLOTS);
+
+static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
+    u64 tag = (u64)m->first_row << 32 | addr;
+    u32 slot = (u32)((tag * 0x9e3779b97f4a7c15ULL) >> 52) & (UW_CACHE_SLOTS - 1);
+    struct uw_cache_ent *c = uw_rule_cache.lookup(&slot);
+    if (c && c->tag == tag && c->gen == st->gen)
+        return c->rule;
+    u32 rule = uw_search_rule(st, m, addr);
+    if (c) {
+        c->tag = tag;
+        c->rule = rule;
+        c->gen = st->gen;
+    }
+    return rule;
 }
 
 /* The sample path as tail calls: on_sample -> uw_step (AIFLAME_UW_FRAMES frames each, as often as needed)
@@ -541,6 +568,8 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         st->calls = 0;
         st->page_addr = 0;
         st->last_map = 0;
+        u32 *gen = unwind_gen.lookup(&zero);
+        st->gen = gen ? *gen : 0;
         if (st->pc)
             uw_progs.call(ctx, UW_PROG_STEP);
         count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */

@@ -128,6 +128,8 @@ class UnwindTables:
             # u64 values holding two u32 entries each (bpf/cpu_sampler.bpf.c): a plain u32 array here
             self._index = mmap.mmap(index_map.fd, index_map.max_entries * 8, mmap.MAP_SHARED,
                                     mmap.PROT_READ | mmap.PROT_WRITE)
+        self._gen_map = obj.maps.get("unwind_gen")
+        self._gen = 0
         self._index_free = _FreeList(len(self._index) // 4 if self._index is not None else 0)
         self._rules: dict[Rule, int] = {NOT_COVERED: 0}
         self._rules_map.update(_U32.pack(0), RULE.pack(*NOT_COVERED))
@@ -306,6 +308,9 @@ class UnwindTables:
             return False
         key = min(self._files, key=lambda k: (bool(self._files[k].users), self._files[k].used_ns))
         loaded = self._files.pop(key)
+        self._gen += 1  # before the rows can be reused: BPF's cached rules of this table go stale
+        if self._gen_map is not None:
+            self._gen_map.update(_U32.pack(0), _U32.pack(self._gen & 0xFFFFFFFF))
         self._release(loaded.first, loaded.nrows)
         if loaded.npages:
             self._index_free.release(loaded.index_first, loaded.npages + 1)
