@@ -62,9 +62,11 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
     named: set[tuple[int, int]] = set()
 
     slices: list[tuple[int, int, int, int, str, str, dict[str, Any]]] = []
+    flows: list[tuple[int, str, int]] = []  # (index in slices, phase, flow id)
 
-    def slice_(pid: int, tid: int, name: str, cat: str, start: int, end: int, args: dict[str, Any]) -> None:
+    def slice_(pid: int, tid: int, name: str, cat: str, start: int, end: int, args: dict[str, Any]) -> int:
         slices.append((pid, tid, start, max(end, start), name, cat, args))
+        return len(slices) - 1
 
     for r, t in sorted(tl.ranks.items()):
         pid = t.pids[0]
@@ -84,30 +86,35 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
         for a, b, what in _gaps(t):
             slice_(pid, NPU_TID, what, "wait", a, b, {})
         for op in t.ops:
-            slice_(op.event.pid, op.tid, op.call, "collective" if op.kind == "collective" else "p2p", op.start_ns,
-                   op.end_ns, _op_args(op, plan, messages))
+            i = slice_(op.event.pid, op.tid, op.call, "collective" if op.kind == "collective" else "p2p",
+                       op.start_ns, op.end_ns, _op_args(op, plan, messages))
             if op.wait is not None and op.wait[1] > op.wait[0]:
                 slice_(op.event.pid, op.tid, call_name(op.event) + " wait", "wait", op.wait[0], op.wait[1],
                        {"peer": op.peer})
             if op.kind in ("send", "recv") and id(op) in messages:
-                fid = messages[id(op)][2] + 1
-                ph, ts = ("s", op.start_ns) if op.kind == "send" else ("f", op.end_ns)
-                ev = {"ph": ph, "id": fid, "pid": op.event.pid, "tid": op.tid, "name": "message", "cat": "p2p",
-                      "ts": _us(ts, base)}
-                if ph == "f":
-                    ev["bp"] = "e"
-                out.append(ev)
+                flows.append((i, "s" if op.kind == "send" else "f", messages[id(op)][2] + 1))
         for dev in t.device:
             cat = {EventKind.COMPUTE: "launch", EventKind.COPY: "copy", EventKind.SYNC: "sync"}[dev.kind]
             args: dict[str, Any] = {k: v for k, v in dev.args.items() if k in ("stream", "bytes", "direction",
                                                                                 "gpu_ns", "call")}
             slice_(dev.pid, dev.tid, dev.name, cat, dev.start_ns, dev.start_ns + dev.duration_ns, args)
     # placed in time order (outer slices first), so each track's slices nest
-    for pid, tid, start, end, name, cat, args in sorted(slices, key=lambda x: (x[2], -x[3])):
-        lane = tracks.place(pid, tid, start, end)
+    lanes: dict[int, int] = {}
+    for i in sorted(range(len(slices)), key=lambda i: (slices[i][2], -slices[i][3])):
+        pid, tid, start, end, name, cat, args = slices[i]
+        lane = lanes[i] = tracks.place(pid, tid, start, end)
         named.add((pid, lane))
         out.append({"ph": "X", "pid": pid, "tid": lane, "name": name, "cat": cat, "ts": _us(start, base),
                     "dur": round((end - start) / 1000, 3), "args": args})
+    # Flow events bind to the slice open on their own track at their ts ("bp": "e" for the end), so each goes on the
+    # track its slice went to: the send's start and the receive's end (a receive is often posted before the send).
+    for i, ph, fid in flows:
+        pid, _, start, end, _, cat, _ = slices[i]
+        flow = {"ph": ph, "id": fid, "pid": pid, "tid": lanes[i], "name": "message", "cat": cat,
+                "ts": _us(start if ph == "s" else end, base)}
+        if ph == "f":
+            flow["bp"] = "e"
+        out.append(flow)
     for pid, tid in sorted(named):
         if tid == NPU_TID:
             continue
@@ -117,9 +124,6 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
         if real != tid:
             label += " (overlapping)"
         out.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": label}})
-    for pid, tid in {(ev["pid"], ev["tid"]) for ev in out if ev["ph"] in ("s", "f")} - named:
-        out.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
-                    "args": {"name": thread_names.get((pid, tid), f"thread {tid}")}})
     return out
 
 
