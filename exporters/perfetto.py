@@ -51,6 +51,11 @@ class _Tracks:
         return key[1]
 
 
+def _rank_label(rank: int, pids: list[int]) -> str:
+    """Process track name: viewers add the track's pid themselves; a rank that ran as more processes lists them."""
+    return f"rank {rank}" if len(pids) == 1 else f"rank {rank} (pids {', '.join(map(str, pids))})"
+
+
 def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
     """The trace-event list of a capture's timeline."""
     base = prof.start_ns or tl.start_ns
@@ -71,7 +76,7 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
     for r, t in sorted(tl.ranks.items()):
         pid = t.pids[0]
         out.append({"ph": "M", "pid": pid, "name": "process_name",
-                    "args": {"name": f"rank {r} (pid {', '.join(map(str, t.pids))})"}})
+                    "args": {"name": _rank_label(r, t.pids)}})
         out.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": r}})
         out.append({"ph": "M", "pid": pid, "tid": NPU_TID, "name": "thread_name",
                     "args": {"name": "NPU compute (the Chakra COMP nodes)"}})
@@ -120,9 +125,10 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
             continue
         real = tracks.lanes.get((pid, tid), tid)
         name = thread_names.get((pid, real), "")
-        label = f"{name} ({real})" if name else f"thread {real}"
+        # viewers show each track's pid and tid beside its name themselves; an overlap lane's tid is not the thread's
+        label = name or "thread"
         if real != tid:
-            label += " (overlapping)"
+            label += f" ({real}, overlapping)"
         out.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": label}})
     return out
 
