@@ -229,25 +229,22 @@ static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, str
     return m;
 }
 
-/* The rule index of m's last row at or below `addr`; 0 (not covered) if none. With a page index only the rows of
- * addr's page are searched: every row below them is below addr and every row above them is above it. */
+/* The rule index of m's last row at or below `addr`; 0 (not covered) if none. Only the rows of addr's index page
+ * are searched: every row below them is below addr and every row above them is above it. */
 static __always_inline u32 uw_search_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
     u32 first = m->first_row, n = m->nrows;
-    st->lo = 0;
-    st->hi = n;
-    if (m->npages) {
-        if (addr < m->page_base)
+    if (!m->npages || addr < m->page_base)
+        return 0;
+    u32 k = (addr - m->page_base) >> (m->page_shift & 31);
+    if (k < m->npages) {
+        u32 lo, hi;
+        if (uw_index_entry(m->index_first + k, &lo) || uw_index_entry(m->index_first + k + 1, &hi))
             return 0;
-        u32 k = (addr - m->page_base) >> UW_INDEX_SHIFT;
-        if (k < m->npages) {
-            u32 lo, hi;
-            if (uw_index_entry(m->index_first + k, &lo) || uw_index_entry(m->index_first + k + 1, &hi))
-                return 0;
-            st->lo = lo;
-            st->hi = hi;
-        } else {
-            st->lo = n;  /* past the last page: the last row */
-        }
+        st->lo = lo;
+        st->hi = hi;
+    } else {
+        st->lo = n;  /* past the last page: the last row */
+        st->hi = n;
     }
     for (int i = 0; i < AIFLAME_ROW_STEPS; i++) {
         u32 lo = st->lo, hi = st->hi;

@@ -7,8 +7,9 @@
  *   unwind_procs[pid] the process's executable mappings, sorted by start: runtime range, bias (runtime address
  *                    minus ELF address) and the file's row range; a mapping with no rows is walked with
  *                    frame pointers.
- *   unwind_index[i] u32: per file, for each 4 KiB page of its code, the first of its rows at or above the page
- *                    (npages + 1 entries), so the row search covers one page's rows (~40), not all (~10^6)
+ *   unwind_index[i] u32: per file, for each 4 KiB page of its code (larger where rows are sparse), the first of
+ *                    its rows at or above the page (npages + 1 entries), so the row search covers one page's
+ *                    rows (~40 in libtorch, at most 2^AIFLAME_ROW_STEPS - 1), not all (~10^6)
  * Every frame costs two binary searches (mapping, then row within the page). The walk ends cleanly at a row whose return
  * address is undefined (_start, a thread's clone child) or a zero return address, and says why it ended
  * otherwise (UW_STOP_*), so user space can count the reasons per mapping.
@@ -23,10 +24,9 @@
 #ifndef AIFLAME_UNWIND_INDEX
 #define AIFLAME_UNWIND_INDEX (1 << 20)
 #endif
-#define UW_INDEX_SHIFT 12
 #define AIFLAME_UNWIND_MAPS 256     /* executable mappings per process (power of two) */
 #define AIFLAME_UNWIND_PROCS 8192
-#define AIFLAME_ROW_STEPS 13        /* binary-search steps: 2^23 rows per file at most */
+#define AIFLAME_ROW_STEPS 13        /* binary-search steps: 8191 rows per index page at most (unwind.py MAX_PAGE_ROWS) */
 #define AIFLAME_MAP_STEPS 9         /* 2^9 > AIFLAME_UNWIND_MAPS */
 
 /* rule kinds (symbolize/objfmt/cfi/table.py mirrors them; a test keeps the two equal) */
@@ -70,9 +70,9 @@ struct unwind_map {
     __u32 first_row;
     __u32 nrows;       /* 0: walk this mapping with frame pointers */
     __u32 index_first; /* unwind_index[index_first + k]: the first row (of this file's) at or above page k */
-    __u32 page_base;   /* ELF address of page 0 (pages of 1 << UW_INDEX_SHIFT bytes) */
-    __u32 npages;      /* 0: no page index, search all rows */
-    __u32 pad;
+    __u32 page_base;   /* ELF address of page 0 */
+    __u32 npages;      /* pages in the index (every table in the pool has one) */
+    __u32 page_shift;  /* pages of 1 << page_shift bytes: 12, more for sparse tables */
 };
 
 struct unwind_proc {

@@ -17,6 +17,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from aiflame.agent.kernel.bpf_object import BpfObject
 from aiflame.core.errors import AiflameError
@@ -29,10 +30,10 @@ log = logging.getLogger(__name__)
 MAX_MAPS = 256  # AIFLAME_UNWIND_MAPS
 MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
 ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
-_MAP = struct.Struct("<QQQIIIII4x")  # struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base,
-#                                       npages
-PAGE_SHIFT = 12  # UW_INDEX_SHIFT: the page index has one entry per 4 KiB of a file's code
-MAX_INDEX_PAGES = 1 << 20  # a table spanning more pages than this (or 4x its rows) gets none
+# struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift
+_MAP = struct.Struct("<QQQIIIIII")
+PAGE_SHIFT = 12  # a page index has one entry per 4 KiB of a file's code, or per larger page where that is sparse
+MAX_PAGE_ROWS = (1 << 13) - 1  # AIFLAME_ROW_STEPS (13) binary-search steps find a row among this many
 _PROC_HEAD = struct.Struct("<II")  # n, flags
 _U32 = struct.Struct("<I")
 
@@ -43,7 +44,7 @@ class UnwindMap(ctypes.Structure):
 
     _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("bias", ctypes.c_uint64),
                 ("first_row", ctypes.c_uint32), ("nrows", ctypes.c_uint32), ("index_first", ctypes.c_uint32),
-                ("page_base", ctypes.c_uint32), ("npages", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+                ("page_base", ctypes.c_uint32), ("npages", ctypes.c_uint32), ("page_shift", ctypes.c_uint32)]
 
 
 class UnwindProc(ctypes.Structure):
@@ -60,7 +61,8 @@ class _Loaded:
     used_ns: int = 0
     index_first: int = 0
     page_base: int = 0
-    npages: int = 0  # 0: no page index (the walker searches all rows)
+    npages: int = 0  # 0: no page index (tests without an index pool)
+    page_shift: int = PAGE_SHIFT
 
 
 class _FreeList:
@@ -88,13 +90,22 @@ class _FreeList:
         self.free = merged
 
 
-def page_index(rows: bytes, page_shift: int = PAGE_SHIFT) -> tuple[int, array[int]]:
-    """(ELF address of page 0, the index of the first row at or above each page's start, for npages + 1 pages):
-    the rows of page k are [index[k], index[k + 1]), so the walker searches those few instead of all."""
+def page_index(rows: bytes) -> tuple[int, int, array[int]] | None:
+    """(page shift, ELF address of page 0, the index of the first row at or above each page's start for npages + 1
+    pages): the rows of page k are [index[k], index[k + 1]), so the walker searches those few instead of all.
+    Pages are 4 KiB, larger where the rows are sparse (at most 4 pages per row, or 16); None when some page would
+    hold more rows than the walker's search steps cover."""
     addrs = array("I", memoryview(rows).cast("I")[0::2])
-    base = addrs[0] & ~((1 << page_shift) - 1)
-    npages = ((addrs[-1] - base) >> page_shift) + 1
-    return base, array("I", (bisect.bisect_left(addrs, base + (k << page_shift)) for k in range(npages + 1)))
+    for shift in range(PAGE_SHIFT, 32):  # at 31 a u32 address space is 2 pages
+        base = addrs[0] & ~((1 << shift) - 1)
+        npages = ((addrs[-1] - base) >> shift) + 1
+        if npages > max(4 * len(addrs), 16):
+            continue
+        index = array("I", (bisect.bisect_left(addrs, base + (k << shift)) for k in range(npages + 1)))
+        if max(b - a for a, b in pairwise(index)) > MAX_PAGE_ROWS:
+            return None  # larger pages only hold more
+        return shift, base, index
+    return None
 
 
 @dataclass
@@ -130,7 +141,8 @@ class UnwindTables:
                                     mmap.PROT_READ | mmap.PROT_WRITE)
         self._gen_map = obj.maps.get("unwind_gen")
         self._gen = 0
-        self._index_free = _FreeList(len(self._index) // 4 if self._index is not None else 0)
+        self._index_capacity = len(self._index) // 4 if self._index is not None else 0
+        self._index_free = _FreeList(self._index_capacity)
         self._rules: dict[Rule, int] = {NOT_COVERED: 0}
         self._rules_map.update(_U32.pack(0), RULE.pack(*NOT_COVERED))
         self._files: dict[str, _Loaded] = {}
@@ -138,6 +150,8 @@ class UnwindTables:
         self._proc_keys: dict[int, list[tuple[Mapping, str]]] = {}  # pid -> its mappings and their file keys
         self._bias: dict[tuple[int, int], int] = {}  # (pid, mapping start) -> runtime minus ELF address
         self._evicted: set[str] = set()
+        # (dev, inode, size, mtime) of a file -> its table key and the ELF address of each file offset mapped
+        self._seen: dict[tuple[int, int, int, int], tuple[str, dict[int, int]]] = {}
         self._failed: set[str] = set()  # keys of files whose table could not be built or stored: not tried again
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
@@ -180,9 +194,10 @@ class UnwindTables:
         for i, (m, key) in enumerate(entries):
             bias, loaded = self._bias.get((pid, m.start), 0), self._files.get(key)
             if loaded:
-                first, nrows, index = loaded.first, loaded.nrows, (loaded.index_first, loaded.page_base, loaded.npages)
+                first, nrows = loaded.first, loaded.nrows
+                index = (loaded.index_first, loaded.page_base, loaded.npages, loaded.page_shift)
             else:
-                first, nrows, index = (ROWS_EVICTED if key in self._evicted else 0), 0, (0, 0, 0)
+                first, nrows, index = (ROWS_EVICTED if key in self._evicted else 0), 0, (0, 0, 0, 0)
             _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows,
                            *index)
         self._procs.update(_U32.pack(pid), bytes(proc))
@@ -191,15 +206,34 @@ class UnwindTables:
 
     def _load(self, pid: int, m: Mapping) -> str:
         """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one). The file
-        is the one mapped (map_files), opened once; the table is built from that open file."""
+        is the one mapped (map_files); a file seen before (same device, inode, size and mtime) with its table
+        still loaded costs one stat, not an ELF open (a torch process maps ~100 of them, re-read at each
+        snapshot)."""
         path = self._file_of(pid, m)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
+            return ""
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        seen = self._seen.get(ident)
+        if seen is not None and seen[0] in self._files and m.file_offset in seen[1]:
+            key, vaddrs = seen
+            self._bias[(pid, m.start)] = m.start - vaddrs[m.file_offset]
+            self._files[key].used_ns = time.monotonic_ns()
+            return key
         try:
             elf = ElfFile.open(path)
         except (AiflameError, OSError) as e:
             self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
             return ""
         with elf:
-            return self._load_open(pid, m, elf, path)
+            key = self._load_open(pid, m, elf, path)
+        if key and (pid, m.start) in self._bias:
+            entry = self._seen.setdefault(ident, (key, {}))
+            if entry[0] == key:
+                entry[1][m.file_offset] = m.start - self._bias[(pid, m.start)]
+        return key
 
     def _load_open(self, pid: int, m: Mapping, elf: ElfFile, path: str) -> str:
         try:
@@ -242,12 +276,23 @@ class UnwindTables:
         n = len(table)
         if n == 0 or n > self.capacity:
             return False
-        first = self._alloc(n)
-        if first is None:
+        paged = page_index(table.rows)
+        if paged is None or (self._index is not None and len(paged[2]) > self._index_capacity):
             return False
-        rules = self._global_rules(table.rules)
-        if rules is None:
-            self._release(first, n)
+        shift, base, index = paged
+        index_at = 0
+        if self._index is not None:
+            at = self._alloc(self._index_free, len(index))
+            if at is None:
+                return False
+            index_at = at
+        first = self._alloc(self._free, n)
+        rules = self._global_rules(table.rules) if first is not None else None
+        if first is None or rules is None:
+            if first is not None:
+                self._free.release(first, n)
+            if self._index is not None:
+                self._index_free.release(index_at, len(index))
             return False
         # rows are <IHH> (pc, local rule, 0); BPF wants u64 pc | global rule << 32, the same bytes with the
         # rule index renumbered
@@ -258,25 +303,14 @@ class UnwindTables:
             view[i] = rules[local[i]]
         self._pool[first * 8:(first + n) * 8] = out
         loaded = self._files[key] = _Loaded(first, n, used_ns=time.monotonic_ns())
-        self._store_index(loaded, table.rows)
+        if self._index is not None:
+            self._index[index_at * 4:(index_at + len(index)) * 4] = index.tobytes()
+            loaded.index_first, loaded.page_base = index_at, base
+            loaded.npages, loaded.page_shift = len(index) - 1, shift
         self._evicted.discard(key)
         self.stats.loaded += 1
         self._update_stats()
         return True
-
-    def _store_index(self, loaded: _Loaded, rows: bytes) -> None:
-        """Give `loaded` a page index if it is compact enough and the index pool has room (else none: slower)."""
-        if self._index is None:
-            return
-        base, index = page_index(rows)
-        npages = len(index) - 1
-        if npages > MAX_INDEX_PAGES or npages > 4 * loaded.nrows:
-            return
-        at = self._index_free.alloc(len(index))
-        if at is None:
-            return
-        self._index[at * 4:(at + len(index)) * 4] = index.tobytes()
-        loaded.index_first, loaded.page_base, loaded.npages = at, base, npages
 
     def _global_rules(self, rules: tuple[Rule, ...]) -> list[int] | None:
         out = []
@@ -291,16 +325,14 @@ class UnwindTables:
             out.append(idx)
         return out
 
-    def _alloc(self, n: int) -> int | None:
+    def _alloc(self, pool: _FreeList, n: int) -> int | None:
+        """`n` slots of the row pool or the index pool, evicting tables until they fit (None: they never do)."""
         while True:
-            start = self._free.alloc(n)
+            start = pool.alloc(n)
             if start is not None:
                 return start
             if not self._evict_one():
                 return None
-
-    def _release(self, start: int, n: int) -> None:
-        self._free.release(start, n)
 
     def _evict_one(self) -> bool:
         """Evict the least recently used table, preferring those no live process maps."""
@@ -311,7 +343,7 @@ class UnwindTables:
         self._gen += 1  # before the rows can be reused: BPF's cached rules of this table go stale
         if self._gen_map is not None:
             self._gen_map.update(_U32.pack(0), _U32.pack(self._gen & 0xFFFFFFFF))
-        self._release(loaded.first, loaded.nrows)
+        self._free.release(loaded.first, loaded.nrows)
         if loaded.npages:
             self._index_free.release(loaded.index_first, loaded.npages + 1)
         self._evicted.add(key)

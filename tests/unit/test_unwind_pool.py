@@ -4,6 +4,7 @@ synthetic; the files are copies of a real ELF (the loader reads its segments for
 
 from __future__ import annotations
 
+import bisect
 import os
 import shutil
 import struct
@@ -12,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aiflame.agent.kernel.bpf_object import BpfMap, BpfObject
-from aiflame.agent.kernel.unwind import ROWS_EVICTED, UnwindMap, UnwindProc, UnwindTables
+from aiflame.agent.kernel.unwind import MAX_PAGE_ROWS, PAGE_SHIFT, ROWS_EVICTED, UnwindMap, UnwindProc, UnwindTables, page_index
 from aiflame.core.raw import Mapping
 from aiflame.symbolize.objfmt.cfi import (
     CFA_RBP,
@@ -29,6 +32,7 @@ from aiflame.symbolize.objfmt.cfi import (
     Rule,
     UnwindTable,
 )
+from aiflame.symbolize.objfmt.elf import ElfFile
 
 R1 = Rule(CFA_RSP, RBP_UNCHANGED, 8, 0)
 R2 = Rule(CFA_RSP, RBP_UNCHANGED, 16, 0)
@@ -186,3 +190,97 @@ def test_files_without_a_usable_table_fall_back(files: Callable[[str], str]) -> 
     assert p.tables.stats.errors[bad] == "bad: CIE pointer outside .eh_frame"
     assert [(m.first_row, m.nrows) for m in p.proc(2)] == [(0, 0), (0, 0), (0, 3)]  # frame pointers, then rows
     assert p.tables.stats.evicted == 0  # the pool was not emptied for a table that could never fit
+
+
+def test_a_file_seen_before_is_not_opened_again(files: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-reading a process's mappings (every snapshot), or a second process mapping a loaded file, costs a stat
+    of the mapped file, not an ELF open; the bias is the same as when the file was opened."""
+    p = make_pool(64, {"a": table((R1,), 5)})
+    a = files("a")
+    p.tables.add_process(1, [mapping(a, 0x5000_0000)])
+    opened: list[str] = []
+    real_open = ElfFile.open
+
+    def counting_open(path: str) -> ElfFile:
+        opened.append(path)
+        return real_open(path)
+
+    monkeypatch.setattr(ElfFile, "open", counting_open)
+    p.tables.add_process(1, [mapping(a, 0x5000_0000)])
+    p.tables.add_process(2, [mapping(a, 0x6000_0000)])
+    assert opened == []
+    assert [(m.bias, m.nrows) for m in p.proc(2)] == [(0x6000_0000, 5)]
+    Path(a).touch()  # a changed file (new mtime) is opened again
+    os.utime(a, ns=(1, 1))
+    p.tables.add_process(3, [mapping(a, 0x7000_0000)])
+    assert opened == [a]
+
+
+def _search(addrs: list[int], shift: int, base: int, index: list[int], addr: int) -> int:
+    """The BPF row search (uw_search_rule) with a page index: the last row at or below addr, -1 for none."""
+    if addr < base:
+        return -1
+    k = (addr - base) >> shift
+    lo, hi = (index[k], index[k + 1]) if k < len(index) - 1 else (len(addrs), len(addrs))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if addrs[mid] <= addr:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@given(st.sets(st.integers(0, 1 << 24), min_size=1, max_size=300), st.lists(st.integers(0, (1 << 24) + 9000)))
+def test_the_page_index_search_finds_what_a_full_search_does(pcs: set[int], probes: list[int]) -> None:
+    addrs = sorted(pcs)
+    rows = b"".join(ROW.pack(a, 1, 0) for a in addrs)
+    paged = page_index(rows)
+    assert paged is not None
+    shift, base, index = paged
+    npages = len(index) - 1
+    assert base <= addrs[0] and npages == ((addrs[-1] - base) >> shift) + 1
+    assert shift == PAGE_SHIFT or npages <= max(4 * len(addrs), 16)  # larger pages only for sparse rows
+    for addr in probes + addrs + [a - 1 for a in addrs]:
+        assert _search(addrs, shift, base, list(index), addr) == bisect.bisect_right(addrs, addr) - 1
+
+
+def test_rows_too_dense_for_the_search_steps_get_no_index() -> None:
+    dense = b"".join(ROW.pack(0x1000 + i, 1, 0) for i in range(4096))  # one row per byte of a 4 KiB page: fits
+    assert page_index(dense) is not None
+    assert page_index(dense + b"".join(ROW.pack(0x2000 + i, 1, 0) for i in range(4096))) is not None
+    assert MAX_PAGE_ROWS >= 4096  # so no real table (at most one row per byte) is ever refused at 4 KiB pages
+
+
+def test_tables_get_a_page_index_in_its_own_pool(files: Callable[[str], str]) -> None:
+    """Each table's index takes npages + 1 entries of the index pool; a table whose index does not fit (or would
+    be sparse) gets none and is searched whole."""
+    p = make_pool(2000, {"a": table((R1,), 5, first_pc=0x1000), "b": table((R2,), 600, first_pc=0x3000),
+                         "c": table((R1,), 20, first_pc=0x10000)})
+    index_pool = bytearray(4 * 16)
+    p.tables = _Tables(BpfObject(progs={}, maps=dict[str, BpfMap](p.maps)), p.tables._table_for, pool=p.pool,
+                       index_pool=index_pool)
+    for pid, name in enumerate("abc", 1):
+        p.tables.add_process(pid, [mapping(files(name), 0x5000_0000)])
+    index = memoryview(index_pool).cast("I")
+    (ma,), (mb,), (mc,) = p.proc(1), p.proc(2), p.proc(3)
+    assert (ma.index_first, ma.page_base, ma.npages, list(index[0:2])) == (0, 0x1000, 1, [0, 5])
+    # b: rows 0x3000 ... 0x5570, 16 bytes apart: pages 0x3000, 0x4000, 0x5000 hold 256, 256 and 88 rows
+    assert (mb.index_first, mb.page_base, mb.npages, list(index[2:6])) == (2, 0x3000, 3, [0, 256, 512, 600])
+    assert (mc.index_first, mc.npages, mc.nrows) == (6, 1, 20)  # 8 entries left
+
+
+def test_an_index_that_never_fits_leaves_the_file_to_frame_pointers(files: Callable[[str], str]) -> None:
+    """Sparse rows get larger pages; a table whose index cannot fit even after evicting every other table is
+    not loaded (the walker would have to search it whole), and says so."""
+    wide = UnwindTable(b"".join(ROW.pack(0x1000 + 0x900 * i, 0, 0) for i in range(25)), (R1,),
+                       CfiStats("eh_frame_hdr", 25, 25, 0, 25, 25, 1, 0, (), ()))  # 14 pages: 15 entries
+    sparse = UnwindTable(ROW.pack(0x1000, 0, 0) + ROW.pack(0x101000, 0, 0), (R1,),
+                         CfiStats("eh_frame_hdr", 2, 2, 0, 2, 2, 1, 0, (), ()))  # 257 pages of 4 KiB for 2 rows
+    p = make_pool(100, {"wide": wide, "sparse": sparse})
+    p.tables = _Tables(BpfObject(progs={}, maps=dict[str, BpfMap](p.maps)), p.tables._table_for, pool=p.pool,
+                       index_pool=bytearray(4 * 12))
+    p.tables.add_process(1, [mapping(files("sparse"), 0x5000_0000), mapping(files("wide"), 0x6000_0000)])
+    sparse_map, wide_map = p.proc(1)
+    assert (sparse_map.nrows, sparse_map.page_shift, sparse_map.npages) == (2, 17, 9)  # 128 KiB pages
+    assert wide_map.nrows == 0 and "do not fit" in p.tables.stats.errors[files("wide")]
