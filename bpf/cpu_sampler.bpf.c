@@ -159,6 +159,15 @@ BPF_ARRAY(layout_unwind_rule, struct unwind_rule, 1);
 #define AIFLAME_MAX_FRAME_BYTES (8u << 20)
 #define UW_PAGE 4096
 
+/* Rules found, per CPU, direct-mapped by (table, address): a deep stack's return addresses are the same call
+ * sites sample after sample, so most frames (97% on the dispatcher loop) find their rule here without searching. */
+struct uw_cache_ent {
+    u64 tag;  /* first_row << 32 | ELF address */
+    u32 rule;
+    u32 gen;
+};
+#define UW_CACHE_SLOTS 1024
+
 /* Where a user walk stands between tail calls (per CPU, like the sample it fills). */
 struct uw_state {
     u64 pc;
@@ -172,29 +181,34 @@ struct uw_state {
     u32 lo;
     u32 hi;
     u32 pad;
-    /* One page of the walked stack, copied whole at its first read: a deep walk reads a return address (and
-     * often rbp) in every frame. Invalid (page_addr 0) at the start of each walk: the stack changes between
-     * samples. */
     u32 last_map;  /* 1 + the index of the previous frame's mapping in unwind_proc.m, 0 for none */
     u32 gen;       /* unwind_gen[0] when the walk began: rule cache entries of other generations are stale */
+    /* A page of the walked stack, copied up from the first word read in it: a deep walk reads a return address
+     * (and often rbp) in every frame. Invalid (page_addr 0) at the start of each walk: the stack changes between
+     * samples. */
     u64 page_addr;
-    u8 page[UW_PAGE + 8];
+    u64 page_lo;   /* page[page_lo, UW_PAGE) holds the copy */
+    u8 page[2 * UW_PAGE];  /* twice the page: the verifier bounds the copy's start and length apart */
+    struct uw_cache_ent cache[UW_CACHE_SLOTS];  /* kept from walk to walk (uw_find_rule) */
 };
 BPF_PERCPU_ARRAY(uw_scratch, struct uw_state, 1);
 
-/* *out = the user u64 at addr, through the page copy in st (read on a miss); a read straddling two pages, or
- * from a page that cannot be copied whole, goes to the user memory directly. */
+/* *out = the user u64 at addr, through the page copy in st (read on a miss, from addr's 8-byte word to the page's
+ * end: a walk goes up the stack); a read straddling two pages, or from a page that cannot be copied, goes to the
+ * user memory directly. */
 static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
     u64 base = addr & ~(u64)(UW_PAGE - 1);
     u64 off = addr & (UW_PAGE - 1);
     if (off > UW_PAGE - 8)
         return bpf_probe_read_user(out, 8, (void *)addr);
-    if (st->page_addr != base) {
-        if (bpf_probe_read_user(st->page, UW_PAGE, (void *)base) != 0) {
+    if (st->page_addr != base || off < st->page_lo) {
+        u64 from = off & (UW_PAGE - 8);
+        if (bpf_probe_read_user(st->page + from, UW_PAGE - from, (void *)(base + from)) != 0) {
             st->page_addr = 0;
             return bpf_probe_read_user(out, 8, (void *)addr);
         }
         st->page_addr = base;
+        st->page_lo = from;
     }
     __builtin_memcpy(out, st->page + (off & (UW_PAGE - 1)), 8);
     return 0;
@@ -268,28 +282,16 @@ static __always_inline u32 uw_search_rule(struct uw_state *st, struct unwind_map
     return row ? (u32)(*row >> 32) & 0xffff : 0;
 }
 
-/* Rules found, per CPU, direct-mapped by (table, address): a deep stack's return addresses are the same call
- * sites sample after sample, so most frames find their rule here without searching. */
-struct uw_cache_ent {
-    u64 tag;  /* first_row << 32 | ELF address */
-    u32 rule;
-    u32 gen;
-};
-#define UW_CACHE_SLOTS 4096
-BPF_PERCPU_ARRAY(uw_rule_cache, struct uw_cache_ent, UW_CACHE_SLOTS);
-
 static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
     u64 tag = (u64)m->first_row << 32 | addr;
-    u32 slot = (u32)((tag * 0x9e3779b97f4a7c15ULL) >> 52) & (UW_CACHE_SLOTS - 1);
-    struct uw_cache_ent *c = uw_rule_cache.lookup(&slot);
-    if (c && c->tag == tag && c->gen == st->gen)
+    u32 slot = (u32)((tag * 0x9e3779b97f4a7c15ULL) >> 54) & (UW_CACHE_SLOTS - 1);
+    struct uw_cache_ent *c = &st->cache[slot];
+    if (c->tag == tag && c->gen == st->gen)
         return c->rule;
     u32 rule = uw_search_rule(st, m, addr);
-    if (c) {
-        c->tag = tag;
-        c->rule = rule;
-        c->gen = st->gen;
-    }
+    c->tag = tag;
+    c->rule = rule;
+    c->gen = st->gen;
     return rule;
 }
 
