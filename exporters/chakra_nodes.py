@@ -253,11 +253,13 @@ class _RankBuilder:
     def build(self) -> list[EtNode]:
         t = self.t
         device_rank = any(e.kind in (EventKind.COMPUTE, EventKind.COPY) for e in t.device)
-        items: list[tuple[int, int, int, object]] = []  # (start, end, order, item)
+        # (start, order, end, item): a compute piece starting where a call starts is cut there, after the call
+        # was made, so it comes after the call (and the call does not wait for it)
+        items: list[tuple[int, int, int, object]] = []
         if not device_rank:  # the host's compute threads are the NPU
-            items += [(c.start_ns, c.end_ns, 0, c) for c in t.compute if c.compute_ns >= MIN_COMPUTE_NS]
-        items += [(op.start_ns, op.end_ns, 1, op) for op in t.ops]
-        items += [(e.start_ns, e.start_ns + e.duration_ns, 1, e) for e in t.device]
+            items += [(c.start_ns, 1, c.end_ns, c) for c in t.compute if c.compute_ns >= MIN_COMPUTE_NS]
+        items += [(op.start_ns, 0, op.end_ns, op) for op in t.ops]
+        items += [(e.start_ns, 0, e.start_ns + e.duration_ns, e) for e in t.device]
         items.sort(key=lambda x: (x[0], x[1], x[2]))
         for _, _, _, item in items:
             if isinstance(item, CommOp):

@@ -1,9 +1,13 @@
 """The simulator beside the capture: ASTRA-sim's per-rank time and exposed communication (its output lines
 `sys[i] finished, T cycles, exposed communication E cycles.`, 1 cycle = 1 ns) set against what the capture
 measured over the same window (exporters/rank_timeline.py): the rank's window, and the time communication was in
-flight while the rank did not compute. The simulator counts as exposed everything that is not compute
-(E = T - compute), so the capture's idle time (blocked outside communication, which the trace does not carry)
-is shown apart."""
+flight while the rank did not compute.
+
+The two exposed figures are the same quantity. The simulator counts as exposed everything that is not compute
+(E = T - the COMP nodes' sum), and the COMP nodes hold exactly the measured compute; the capture's window divides
+into compute + exposed + idle (blocked outside communication), and idle is not in the trace, so the simulated
+rank has none. Hence, per rank, simulated - measured exposed = T - (window - idle): the exposed error is the
+error on the time the trace holds, in the same nanoseconds, over a smaller base."""
 
 from __future__ import annotations
 
@@ -61,6 +65,15 @@ class Row:
     def exposed_error(self) -> float | None:
         return self._error(self.simulated_exposed_ns, self.measured_exposed_ns)
 
+    @property
+    def traced_ns(self) -> int:
+        """The part of the window the trace holds (idle is not in it): what the simulated time should be."""
+        return self.measured_ns - self.idle_ns
+
+    @property
+    def traced_error(self) -> float | None:
+        return self._error(self.simulated_ns, self.traced_ns)
+
 
 def read_sim_log(path: Path) -> SimResult:
     """The simulator's result from its output saved to a file, or from a logging folder (its log.log)."""
@@ -99,6 +112,17 @@ def compare(timeline: JobTimeline, sim: SimResult) -> list[Row]:
         rows.append(Row(r, m.window_ns if m else 0, s.finished_ns if s else None, m.exposed_ns if m else 0,
                         s.exposed_ns if s else None, m.compute_ns if m else 0, m.idle_ns if m else 0))
     return rows
+
+
+def idle_notes(rows: list[Row]) -> list[str]:
+    """For ranks with idle time: the simulated time against the time the trace holds (the window less idle)."""
+    out = []
+    for r in rows:
+        if r.idle_ns > 0 and r.simulated_ns is not None and r.traced_error is not None:
+            out.append(f"rank {r.rank}: {r.idle_ns / 1e6:.1f} ms idle (blocked outside communication) are not in the "
+                       f"trace: against the {r.traced_ns / 1e6:.1f} ms it holds, the simulated time is "
+                       f"{r.traced_error:+.1%}")
+    return out
 
 
 def problems(timeline: JobTimeline, sim: SimResult) -> list[str]:

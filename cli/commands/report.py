@@ -114,7 +114,7 @@ def _ms(ns: int | None) -> str:
 def report_sim(prof: Profile, sim_log: Path, console: Console) -> list[Row]:
     """Print the simulated and measured figures per rank; returns the rows."""
     from aiflame.exporters.rank_timeline import build_timeline
-    from aiflame.exporters.sim_report import compare, read_sim_log
+    from aiflame.exporters.sim_report import compare, idle_notes, read_sim_log
     from aiflame.exporters.sim_report import problems as sim_problems
 
     timeline = build_timeline(prof)
@@ -130,7 +130,11 @@ def report_sim(prof: Profile, sim_log: Path, console: Console) -> list[Row]:
     console.print(t)
     console.print("time: from the last rank's first communication call to the rank's last; exposed: communication "
                   "in flight while the rank did not compute; idle: blocked outside communication (not in the trace, "
-                  "so not simulated); err: simulated vs measured", highlight=False)
+                  "so not simulated); err: simulated vs measured. Time = compute + exposed + idle; the simulator's "
+                  "exposed is its time less the same compute, so the two exposed figures differ by as many ms as "
+                  "the simulated time and the time less idle do", highlight=False)
+    for line in idle_notes(rows):
+        console.print(line, highlight=False)
     for line in sim_problems(timeline, sim):
         warn(line)
     return rows

@@ -166,6 +166,37 @@ def test_long_sample_gaps_outside_communication_are_blocked_time() -> None:
     assert m.idle_ns == pytest.approx(200 * MS, rel=0.02) and m.compute_ns == pytest.approx(199 * MS, rel=0.02)
 
 
+def replayed_finish(nodes: list[Any]) -> int:
+    """When one rank's nodes finish if each starts once its dependencies have ended and lasts what it lasted in
+    the capture (the simulator's replay of a rank whose collectives take their captured time)."""
+    end: dict[int, int] = {}
+    for n in sorted(nodes, key=lambda n: n.id):
+        end[n.id] = max((end[d] for d in [*n.ctrl_deps, *n.data_deps]), default=nodes[0].start_ns) + n.duration_ns
+    return max(end.values())
+
+
+def test_a_collective_overlapping_compute_does_not_wait_for_it() -> None:
+    """DDP's all-reduce of a gradient bucket runs on gloo's worker while the backward pass goes on computing: the
+    compute piece that starts with the collective (the window is cut at its start) comes after it, so the
+    collective depends on the compute before it only, and a replay at the captured durations takes the window,
+    not the window plus the overlapped compute (it did: the collective waited for that compute, and the compute
+    after the collective for the collective)."""
+    prof = Profile(meta={"frequency_hz": "1000"})
+    for r in (0, 1):
+        prof.events += [ev(r, "allreduce", 0, MS, tid=7, bytes=64),
+                        ev(r, "allreduce", 10 * MS, 10 * MS, tid=7, bytes=1 << 20),  # overlaps compute
+                        ev(r, "allreduce", 40 * MS, MS, tid=7, bytes=64)]
+        prof.samples += samples(r, [int((t + 0.5) * MS) for t in range(1, 40)])
+    traces = build_traces(prof)
+    for r, t in traces.ranks.items():
+        comp = {n.start_ns // MS: n for n in t.nodes if n.type == COMP}
+        bucket = next(n for n in t.nodes if n.type == COMM_COLL and n.start_ns == 10 * MS)
+        assert sorted(comp) == [1, 10, 20] and comp[10].duration_ns == 10 * MS  # computed through the all-reduce
+        assert bucket.data_deps == [comp[1].id] and bucket.id < comp[10].id
+        assert bucket.id not in comp[10].data_deps and bucket.id in comp[20].data_deps
+        assert replayed_finish(t.nodes) - t.nodes[0].start_ns == traces.timeline.ranks[r].measured.window_ns
+
+
 def test_nodes_are_complete_and_dependencies_point_back(tmp_path: Path) -> None:
     for nodes in encoded(timed_job(), tmp_path).values():
         ids = {n.id for n in nodes}

@@ -22,8 +22,8 @@ from aiflame.exporters.chakra_network import fit_network, network_yaml
 from aiflame.exporters.chakra_nodes import COMP, build_traces
 from aiflame.exporters.perfetto import NPU_TID
 from aiflame.exporters.rank_timeline import build_timeline
-from aiflame.exporters.sim_report import SimLogError, compare, parse_sim_log, problems
-from tests.unit.test_chakra import MS, ev, gloo_job, timed_job
+from aiflame.exporters.sim_report import SimLogError, compare, idle_notes, parse_sim_log, problems
+from tests.unit.test_chakra import MS, ev, gloo_job, replayed_finish, samples, timed_job
 
 LOG = "".join(f"[2026-11-25 15:27:16.872] [workload] [info] sys[{r}] finished, {t} cycles, exposed communication "
               f"{e} cycles.\n[2026-11-25 15:27:16.872] [statistics] [info] sys[{r}], Wall time: {t}\n"
@@ -63,6 +63,34 @@ def test_sim_log_compared_with_the_capture() -> None:
     assert [p.split(" ")[0] for p in problems(tl, half)] == ["rank(s)", "the"]
     with pytest.raises(SimLogError, match="no 'sys"):
         parse_sim_log("hello\n")
+
+
+def test_simulated_and_measured_exposed_are_the_same_quantity() -> None:
+    """A replay that takes the captured durations (what a perfectly fitted simulator does) finishes at the window
+    less the idle time, and its exposed communication (finish - the COMP nodes) is the measured one: compute
+    overlapping an all-reduce, an all-reduce the rank waited for, 200 ms blocked outside communication."""
+    prof = Profile(meta={"frequency_hz": "1000"})
+    for r in (0, 1):
+        prof.events += [ev(r, "allreduce", 0, MS, tid=7, bytes=64),
+                        ev(r, "allreduce", 50 * MS, 10 * MS, tid=7, bytes=1 << 20),  # backward goes on computing
+                        ev(r, "allreduce", 320 * MS, 10 * MS, tid=7, bytes=1 << 20),  # the rank waits for it
+                        ev(r, "allreduce", 400 * MS, MS, tid=7, bytes=64)]
+        busy = [*range(1, 100), *range(300, 320), *range(330, 400)]  # 100-300 ms: blocked (a sleep, I/O)
+        prof.samples += samples(r, [int((t + 0.5) * MS) for t in busy])
+    traces = build_traces(prof)
+    log = ""
+    for r, t in traces.ranks.items():
+        finish = replayed_finish(t.nodes) - t.nodes[0].start_ns
+        compute = sum(n.duration_ns for n in t.nodes if n.type == COMP)
+        log += f"sys[{r}] finished, {finish} cycles, exposed communication {finish - compute} cycles.\n"
+    rows = compare(traces.timeline, parse_sim_log(log))
+    for row in rows:
+        assert row.idle_ns == pytest.approx(200 * MS, rel=0.02)
+        assert row.measured_exposed_ns == pytest.approx(11 * MS, abs=MS)  # 1 + 10 + what the samples left at 50-60
+        assert row.simulated_exposed_ns == row.measured_exposed_ns and row.simulated_ns == row.traced_ns
+        assert row.traced_error == 0 and row.step_error == pytest.approx(-row.idle_ns / row.measured_ns)
+    notes = idle_notes(rows)
+    assert len(notes) == 2 and "not in the trace" in notes[0] and notes[0].endswith("+0.0%")
 
 
 def test_report_sim_prints_a_table(tmp_path: Path) -> None:
