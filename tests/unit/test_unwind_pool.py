@@ -17,7 +17,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiflame.agent.kernel.bpf_object import BpfMap, BpfObject
-from aiflame.agent.kernel.unwind import MAX_PAGE_ROWS, PAGE_SHIFT, ROWS_EVICTED, UnwindMap, UnwindProc, UnwindTables, page_index
+from aiflame.agent.kernel.unwind import (
+    MAX_PAGE_ROWS,
+    PAGE_SHIFT,
+    ROWS_EVICTED,
+    UnwindMap,
+    UnwindProc,
+    UnwindTables,
+    page_index,
+)
 from aiflame.core.raw import Mapping
 from aiflame.symbolize.objfmt.cfi import (
     CFA_RBP,
