@@ -99,6 +99,11 @@ def table_figures(tmp: Path) -> dict[str, object]:
     header = (REPO / "bpf" / "unwind.h").read_text()
     m = re.search(r"#define AIFLAME_UNWIND_ROWS \(1 << (\d+)\)", header)
     pool_rows = 1 << int(m.group(1)) if m else 0
+    from aiflame.agent.kernel.unwind import page_index
+    from aiflame.symbolize.objfmt.cfi import load_or_build
+
+    paged = page_index(load_or_build(lib, str(cache / "cfi")).rows)  # the table just built
+    index_entries = len(paged[2]) if paged else 0
     return {
         "binary": lib,
         "engine_compile_s": compiled["s"],
@@ -109,6 +114,8 @@ def table_figures(tmp: Path) -> dict[str, object]:
         "warm_s": warm["s"], "warm_cpu_s": warm["cpu_s"], "warm_rss_mb": warm["rss_mb"],
         "bpf_rows_mib": rows * 8 / 2**20,
         "bpf_rules_kib": rules * 12 / 2**10,
+        "bpf_index_kib": index_entries * 4 / 2**10,
+        "bpf_total_mib": (rows * 8 + rules * 12 + index_entries * 4) / 2**20,
         "pool_rows": pool_rows,
         "pool_mib": pool_rows * 8 / 2**20,
     }
