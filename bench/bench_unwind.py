@@ -194,12 +194,15 @@ def _prog_stats(progs: dict[str, int]) -> dict[str, tuple[int, int]]:
 
 def cost_helper(mode: str, pid: int, seconds: float, out: str) -> None:
     """One sampler on `pid` (this process runs the session); prints per-program deltas over the window after
-    COST_WARMUP_S of capture."""
+    COST_WARMUP_S of capture. `mode`: "cfi" or "fp", then optionally ":HZ" (COST_HZ) and ":K" (the firings per
+    kept sample, keep_one_in; 0 chooses as aiflame does)."""
     from aiflame.agent.kernel.sampler import SamplerConfig
     from aiflame.agent.session import Session, SessionConfig, SessionStats
 
+    walk, hz, keep = (mode.split(":") + [str(COST_HZ), "0"])[:3]
     cfg = SessionConfig(out_dir=Path(out), pid=pid, duration_s=COST_WARMUP_S + seconds,
-                        sampler=SamplerConfig(frequency=COST_HZ, event="cpu-clock", cfi=mode == "cfi"),
+                        sampler=SamplerConfig(frequency=int(hz), event="cpu-clock", cfi=walk == "cfi",
+                                              keep_one_in=int(keep)),
                         runtimes=False, gpu_samples=False)
     marks: list[tuple[float, int, dict[str, tuple[int, int]]]] = []
     session: Session
@@ -229,14 +232,17 @@ def cost_helper(mode: str, pid: int, seconds: float, out: str) -> None:
                       "unwind_counters": {k: v for k, v in result.stats.counters.items() if k.startswith("uw")}}))
 
 
-def cost_figures(tmp: Path, target_cmd: list[str], seconds: float) -> dict[str, object]:
+def cost_figures(tmp: Path, target_cmd: list[str], seconds: float,
+                 modes: tuple[str, str] = ("cfi", "fp")) -> dict[str, object]:
+    """Two samplers on one target at once; "ratio" is the first mode's in-kernel cost per sample over the
+    second's (cost_helper's modes)."""
     target = subprocess.Popen(target_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(2)  # past the import (torch) into the steady loop
         helpers = {mode: subprocess.Popen([sys.executable, __file__, "--cost-helper", mode, str(target.pid),
-                                           str(seconds), str(tmp / f"cost-{mode}")],
+                                           str(seconds), str(tmp / f"cost-{mode.replace(':', '-')}")],
                                           cwd=REPO, stdout=subprocess.PIPE, text=True)
-                   for mode in ("cfi", "fp")}
+                   for mode in modes}
         results = {}
         for mode, h in helpers.items():
             stdout, _ = h.communicate(timeout=600)
@@ -246,8 +252,8 @@ def cost_figures(tmp: Path, target_cmd: list[str], seconds: float) -> dict[str, 
     finally:
         target.kill()
         target.wait()
-    cfi, fp = results["cfi"]["ns_per_sample"], results["fp"]["ns_per_sample"]
-    return {"cfi": results["cfi"], "fp": results["fp"], "ratio": cfi / fp if fp else 0.0}
+    first, second = (results[m]["ns_per_sample"] for m in modes)
+    return {**results, "ratio": first / second if second else 0.0}
 
 
 def loss_figures(tmp: Path, exe: Path, seconds: float) -> dict[str, object]:

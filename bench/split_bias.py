@@ -4,6 +4,7 @@ order) several times at a low rate and report each run's shares against the CPU 
 period; a randomized one must stay within a few points.
 
 Usage: python bench/split_bias.py [--runs 5] [--python PY ...] [-F 99] [--seconds 10] [--quantum-ms 20]
+       python bench/split_bias.py --cost-s 20 [-F 99]   (in-kernel cost per kept sample, jittered vs regular)
 SPLIT_CLOCK=wall in the environment makes the workload spin on the wall clock (see split_work.py).
 """
 
@@ -49,6 +50,28 @@ def one_run(python: str, freq: int, seconds: float, quantum_ms: float,
         return shares(Path(tmp) / "profile.folded"), {k: 100.0 * used[k] / total for k in NAMES}
 
 
+def cost(freq: int, seconds: float, python: str) -> int:
+    """bpf_stats run time of the sampler's programs per kept sample: jittered (aiflame's default thinning, the
+    early exits included) over a regular clock at the asked rate, two sessions on one split_work.py at once."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_unwind import cost_figures
+    from common import set_bpf_stats
+
+    set_bpf_stats(True)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = cost_figures(Path(tmp), [python, str(WORK), str(seconds + 30), "20", str(Path(tmp) / "truth.json")],
+                             seconds, (f"cfi:{freq}:0", f"cfi:{freq}:1"))
+    finally:
+        set_bpf_stats(False)
+    jit, reg = r[f"cfi:{freq}:0"], r[f"cfi:{freq}:1"]
+    assert isinstance(jit, dict) and isinstance(reg, dict)
+    print(f"jittered: {jit['ns_per_sample'] / 1000:.2f} us per kept sample ({jit['samples']} samples, "
+          f"{sum(p['runs'] for p in jit['programs'].values())} program runs); regular: "
+          f"{reg['ns_per_sample'] / 1000:.2f} us ({reg['samples']} samples); ratio {r['ratio']:.2f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -57,7 +80,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--quantum-ms", type=float, default=20.0)
     ap.add_argument("--extra", default="", help="extra `aiflame profile` arguments, space-separated")
+    ap.add_argument("--cost-s", type=float, default=0.0,
+                    help="instead: the in-kernel cost per kept sample of the jittered sampler against a regular "
+                         "clock (keep_one_in 1), both on one workload at once, over windows of this many seconds")
     args = ap.parse_args()
+    if args.cost_s:
+        return cost(args.frequency, args.cost_s, args.python[0] if args.python else sys.executable)
     pythons = args.python or ["/root/.pyenv/versions/3.11.7/bin/python3.11"]
     worst_all = 0.0
     for py in pythons:
