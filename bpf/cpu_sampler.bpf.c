@@ -181,8 +181,9 @@ struct uw_state {
     u32 lo;
     u32 hi;
     u32 pad;
-    u32 last_map;  /* 1 + the index of the previous frame's mapping in unwind_proc.m, 0 for none */
+    u64 recent_maps;  /* 1 + the indexes in unwind_proc.m of the last four mappings searched, 16 bits each */
     u32 gen;       /* unwind_gen[0] when the walk began: rule cache entries of other generations are stale */
+    u32 pad2;
     /* A page of the walked stack, copied up from the first word read in it: a deep walk reads a return address
      * (and often rbp) in every frame. Invalid (page_addr 0) at the start of each walk: the stack changes between
      * samples. */
@@ -215,11 +216,16 @@ static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
 }
 
 static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, struct uw_state *st, u64 pc) {
-    u32 last = st->last_map;  /* consecutive frames are often in one file: try the previous frame's first */
-    if (last) {
-        struct unwind_map *m = &p->m[(last - 1) & (AIFLAME_UNWIND_MAPS - 1)];
-        if (m->start <= pc && pc < m->end)
-            return m;
+    /* a walk goes back and forth between a few files (libtorch, libpython, libc): try the last four found */
+    u64 recent = st->recent_maps;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 last = (recent >> (16 * i)) & 0xffff;
+        if (last) {
+            struct unwind_map *m = &p->m[(last - 1) & (AIFLAME_UNWIND_MAPS - 1)];
+            if (m->start <= pc && pc < m->end)
+                return m;
+        }
     }
     st->lo = 0;
     st->hi = p->n;
@@ -239,7 +245,7 @@ static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, str
     struct unwind_map *m = &p->m[(lo - 1) & (AIFLAME_UNWIND_MAPS - 1)];
     if (pc >= m->end)
         return NULL;
-    st->last_map = lo;
+    st->recent_maps = recent << 16 | lo;  /* the oldest of the four drops out */
     return m;
 }
 
@@ -566,7 +572,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         st->why = 0;
         st->calls = 0;
         st->page_addr = 0;
-        st->last_map = 0;
+        st->recent_maps = 0;
         u32 *gen = unwind_gen.lookup(&zero);
         st->gen = gen ? *gen : 0;
         if (st->pc)

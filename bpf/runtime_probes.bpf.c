@@ -179,7 +179,7 @@ int on_call(struct pt_regs *ctx) {
             st->why = 0;
             st->calls = 0;
             st->page_addr = 0;
-            st->last_map = 0;
+            st->recent_maps = 0;
             u32 *gen = unwind_gen.lookup(&zero);
             st->gen = gen ? *gen : 0;
             uw_call_progs.call(ctx, UW_PROG_STEP);
