@@ -17,6 +17,9 @@ BENCHES = [
     ["bench_fatbin.py"],
     ["bench_gloo.py"],
     ["bench_daemon.py"],
+    ["daemon_torch.py"],
+    ["split_bias.py", "--runs", "5", "--seconds", "30"],
+    ["split_bias.py", "--cost-s", "20"],
     ["bench_unwind.py"],
 ]
 
