@@ -563,11 +563,19 @@ int on_sample(struct bpf_perf_event_data *ctx) {
     rec->unwind = 0;
     struct uw_state *st = uw_scratch.lookup(&zero);
     if (st && unwind_procs.lookup(&tgid)) {
-        /* the task's user registers, whether the sample hit user or kernel code */
-        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
-        bpf_probe_read_kernel(&st->pc, 8, &regs->ip);
-        bpf_probe_read_kernel(&st->sp, 8, &regs->sp);
-        bpf_probe_read_kernel(&st->bp, 8, &regs->bp);
+        /* the task's user registers: the interrupted ones when the sample hit user code (cs RPL 3), else those
+         * saved at its entry to the kernel */
+        if ((ctx->regs.cs & 3) == 3) {
+            st->pc = ctx->regs.ip;
+            st->sp = ctx->regs.sp;
+            st->bp = ctx->regs.bp;
+        } else {
+            struct pt_regs *regs =
+                (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
+            bpf_probe_read_kernel(&st->pc, 8, &regs->ip);
+            bpf_probe_read_kernel(&st->sp, 8, &regs->sp);
+            bpf_probe_read_kernel(&st->bp, 8, &regs->bp);
+        }
         st->n = 0;
         st->why = 0;
         st->calls = 0;
