@@ -176,6 +176,10 @@ struct uw_state {
     u32 n;      /* frames written to the sample so far */
     u32 why;    /* UW_STOP_* once done, | UW_USED_FP */
     u32 calls;  /* tail calls of uw_step so far */
+    u8 scan_ok;   /* the walk may scan the stack past code without CFI (samples; not launch stacks) */
+    u8 scan_now;  /* the step stopped at such code: scan before the next step */
+    u8 scans;     /* scans done in this walk */
+    u8 pad3;
     /* binary-search bounds: kept in the map value, not in registers, so the verifier sees them as unknown
      * scalars and the states of both branches of each step prune into one (linear, not exponential, cost) */
     u32 lo;
@@ -305,7 +309,10 @@ static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *
  * -> sample_finish. The agent fills this array with the two programs' descriptors. */
 #define UW_PROG_STEP 0
 #define UW_PROG_FINISH 1
-BPF_PROG_ARRAY(uw_progs, 2);
+#define UW_PROG_SCAN 2
+BPF_PROG_ARRAY(uw_progs, 3);
+#define UW_MAX_SCANS 8       /* stack scans per walk */
+#define UW_SCAN_WORDS 128    /* words above sp a scan looks at */
 #ifndef AIFLAME_UW_FRAMES
 #define AIFLAME_UW_FRAMES 12
 #endif
@@ -406,7 +413,10 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
             u64 frame[2];
             if (bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
                 uw_read(st, &frame[0], bp) != 0 || uw_read(st, &frame[1], bp + 8) != 0) {
-                st->why |= fail;
+                if (fail == UW_STOP_NOT_COVERED && st->scan_ok && st->scans < UW_MAX_SCANS)
+                    st->scan_now = 1;  /* uw_scan looks for the return address; the reason is set there */
+                else
+                    st->why |= fail;
                 done = 1;
                 break;
             }
@@ -581,6 +591,9 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         st->calls = 0;
         st->page_addr = 0;
         st->recent_maps = 0;
+        st->scan_ok = 1;
+        st->scan_now = 0;
+        st->scans = 0;
         u32 *gen = unwind_gen.lookup(&zero);
         st->gen = gen ? *gen : 0;
         if (st->pc)
@@ -615,6 +628,69 @@ int uw_step(struct bpf_perf_event_data *ctx) {
         return 0;
     if (uw_walk_more(rec->data, rec->pid, st))
         uw_progs.call(ctx, UW_PROG_STEP);
+    if (st->scan_now)
+        uw_progs.call(ctx, UW_PROG_SCAN);
+    rec->user_len = st->n * 8;
+    rec->unwind = st->why;
+    uw_progs.call(ctx, UW_PROG_FINISH);
+    count(CNT_UW_TAILCALL_FAIL);
+    return 0;
+}
+
+/* Whether the code before return address `ra` is a call: e8 rel32, ff /2 with a register, [reg], [reg+disp8],
+ * [reg+disp32] or [rip+disp32] operand (the forms compilers emit). Reads the 8 code bytes before ra. */
+static __always_inline int uw_after_call(u64 ra) {
+    u8 c[8];
+    if (bpf_probe_read_user(c, 8, (void *)(ra - 8)) != 0)
+        return 0;
+    if (c[3] == 0xe8)                                  /* call rel32 */
+        return 1;
+    if (c[6] == 0xff && (c[7] & 0xf8) == 0xd0)         /* call reg */
+        return 1;
+    if (c[6] == 0xff && (c[7] & 0xf8) == 0x10 && (c[7] & 7) != 4 && (c[7] & 7) != 5)  /* call [reg] */
+        return 1;
+    if (c[5] == 0xff && (c[6] & 0xf8) == 0x50 && (c[6] & 7) != 4)  /* call [reg+disp8] */
+        return 1;
+    if (c[2] == 0xff && ((c[3] & 0xf8) == 0x90 || c[3] == 0x15))  /* call [reg+disp32], call [rip+disp32] */
+        return 1;
+    return 0;
+}
+
+/* Tail-called when a walk reached code its file's CFI does not cover and frame pointers failed (hand-written
+ * kernels such as MKL's): the nearest word above sp that points into a mapped file just after a call instruction
+ * is taken as the frame's return address (as crash unwinders do as a last resort); the walk goes on from there
+ * (through more such code by more scans, up to UW_MAX_SCANS), and the sample says a frame was found so
+ * (UW_USED_SCAN). */
+int uw_scan(struct bpf_perf_event_data *ctx) {
+    u32 zero = 0;
+    struct sample_rec *rec = sample_scratch.lookup(&zero);
+    struct uw_state *st = uw_scratch.lookup(&zero);
+    if (!rec || !st)
+        return 0;
+    st->scan_now = 0;
+    st->scans++;
+    u32 pid = rec->pid;
+    struct unwind_proc *p = unwind_procs.lookup(&pid);
+    u64 sp = st->sp;
+    int found = 0;
+    for (int i = 0; p && i < UW_SCAN_WORDS; i++) {
+        u64 at = sp + 8 * i, v = 0;
+        if (uw_read(st, &v, at) != 0)
+            break;
+        if (v < 4096)
+            continue;
+        if (!uw_find_map(p, st, v - 1) || !uw_after_call(v))
+            continue;
+        st->pc = v;
+        st->sp = at + 8;
+        st->why |= UW_USED_SCAN;
+        found = 1;
+        break;
+    }
+    if (found)
+        uw_progs.call(ctx, UW_PROG_STEP);
+    else
+        st->why |= UW_STOP_NOT_COVERED;
     rec->user_len = st->n * 8;
     rec->unwind = st->why;
     uw_progs.call(ctx, UW_PROG_FINISH);

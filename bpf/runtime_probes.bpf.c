@@ -180,6 +180,8 @@ int on_call(struct pt_regs *ctx) {
             st->calls = 0;
             st->page_addr = 0;
             st->recent_maps = 0;
+            st->scan_ok = 0;  /* launch stacks: CFI and frame pointers only */
+            st->scan_now = 0;
             u32 *gen = unwind_gen.lookup(&zero);
             st->gen = gen ? *gen : 0;
             uw_call_progs.call(ctx, UW_PROG_STEP);

@@ -53,6 +53,7 @@
 #define UW_STOP_FP_END 7       /* the frame-pointer chain ended (mappings without tables) */
 #define UW_STOP_EVICTED 8      /* the file's table was evicted from the pool */
 #define UW_USED_FP 0x100       /* at least one frame was found by frame pointer */
+#define UW_USED_SCAN 0x200     /* at least one frame was found by scanning the stack (code without CFI) */
 
 struct unwind_rule {
     __u8 cfa_type;

@@ -107,6 +107,8 @@ def unwind_line(prof: Profile) -> str:
         line += (f" ({c['unwind_tables']} file tables, {c.get('unwind_rows', 0) * 8 >> 20} MiB in BPF"
                  + (f", {c['unwind_tables_evicted']} evicted" if c.get("unwind_tables_evicted") else "")
                  + (f", {c['unwind_table_errors']} files without" if c.get("unwind_table_errors") else "") + ")")
+    if c.get("unwind_scanned"):
+        line += f"; {c['unwind_scanned']} past code without CFI by a stack scan"
     if stops:
         line += "; stopped early: " + ", ".join(f"{key.replace('_', ' ')} {n}" for n, key in stops)
     if prof.meta.get("unwind_worst"):

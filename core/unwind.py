@@ -6,6 +6,7 @@ from __future__ import annotations
 
 STOP_MASK = 0xFF
 USED_FP = 0x100  # at least one frame of the walk was found by frame pointer
+USED_SCAN = 0x200  # at least one frame was found by scanning the stack past code without CFI
 END = 1  # the outermost frame: a clean end
 
 # code -> (counter key, what a user reads)

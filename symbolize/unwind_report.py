@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from aiflame.core.raw import RawSample
-from aiflame.core.unwind import END, STOPS, USED_FP, stop_of
+from aiflame.core.unwind import END, STOPS, USED_FP, USED_SCAN, stop_of
 
 
 def unwind_report(samples: Iterable[RawSample], where: Callable[[RawSample], str]) -> tuple[dict[str, int], str]:
@@ -24,6 +24,8 @@ def unwind_report(samples: Iterable[RawSample], where: Callable[[RawSample], str
         counters[f"unwind_{key}"] += 1
         if s.unwind & USED_FP:
             counters["unwind_fp_frames"] += 1
+        if s.unwind & USED_SCAN:
+            counters["unwind_scanned"] += 1
         if code != END:
             early[(where(s), key)] += 1
     worst = ""
