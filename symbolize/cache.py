@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiflame.core.model import FrameKind
@@ -29,8 +30,8 @@ from aiflame.core.safe_files import FileRefused, OutputDir, read_regular, truste
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.symindex import SymbolIndex
 
-__all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir", "read_json_gz",
-           "write_json_gz"]
+__all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir", "read_cached",
+           "read_json_gz", "write_cached", "write_json_gz"]
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +54,36 @@ def default_cache_dir() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "aiflame", "symbols")
 
 
-def read_json_gz(path: str, what: str) -> object | None:
-    """The JSON document in gzip file `path`; None (logged) when it is absent, unreadable or corrupt, or when a
-    directory it lies in could be changed by someone else than us or root (core/safe_files.py trusted_dir:
-    what such a directory holds is nobody's cache we should trust, or read as root)."""
+def read_cached(path: str, what: str) -> bytes | None:
+    """The bytes of cache file `path`; None (logged) when it is absent or unreadable, or when a directory it lies
+    in could be changed by someone else than us or root (core/safe_files.py trusted_dir: what such a directory
+    holds is nobody's cache we should trust, or read as root)."""
     try:
         os.close(trusted_dir(os.path.abspath(os.path.dirname(path)), create=False))
-        raw = read_regular(path, MAX_FILE_BYTES, follow=False)
+        return read_regular(path, MAX_FILE_BYTES, follow=False)
     except FileNotFoundError:
         return None
     except (OSError, FileRefused) as e:
         log.debug("%s %s unreadable: %s", what, path, e)
+        return None
+
+
+def write_cached(path: str, data: bytes | Iterable[bytes | bytearray | memoryview], what: str) -> None:
+    """Write `data` (bytes, or pieces in turn) to cache file `path` atomically (temp file + rename, relative to the
+    directory's descriptor), into a directory only we and root can change (created 0700 as needed); failures are
+    logged and ignored."""
+    try:
+        with OutputDir.adopt(trusted_dir(os.path.abspath(os.path.dirname(path))), os.path.dirname(path)) as d:
+            d.write_atomic(os.path.basename(path), data, 0o600)
+    except (OSError, FileRefused) as e:
+        log.debug("%s %s not written: %s", what, path, e)
+
+
+def read_json_gz(path: str, what: str) -> object | None:
+    """The JSON document in gzip cache file `path`; None (logged) when it is absent, unreadable or corrupt (see
+    read_cached)."""
+    raw = read_cached(path, what)
+    if raw is None:
         return None
     try:
         doc: object = json.loads(gzip.decompress(raw))
@@ -74,14 +94,8 @@ def read_json_gz(path: str, what: str) -> object | None:
 
 
 def write_json_gz(path: str, doc: object, what: str) -> None:
-    """Write `doc` as gzip'd JSON atomically (temp file + rename, relative to the directory's descriptor), into a
-    directory only we and root can change (created 0700 as needed); failures are logged and ignored."""
-    data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=3)
-    try:
-        with OutputDir.adopt(trusted_dir(os.path.abspath(os.path.dirname(path))), os.path.dirname(path)) as d:
-            d.write_atomic(os.path.basename(path), data, 0o600)
-    except (OSError, FileRefused) as e:
-        log.debug("%s %s not written: %s", what, path, e)
+    """Write `doc` as gzip'd JSON to cache file `path` (see write_cached)."""
+    write_cached(path, gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=3), what)
 
 
 @dataclass
@@ -124,23 +138,18 @@ class SymbolCache:
     def load_index(self, key: str) -> SymbolIndex | None:
         """The saved function symbols of `key` (symbolize/symindex.py), or None when absent or unusable."""
         path = self.path_for(key, ".sym")
-        try:
-            os.close(trusted_dir(os.path.abspath(os.path.dirname(path)), create=False))
-            return SymbolIndex.from_bytes(read_regular(path, MAX_FILE_BYTES, follow=False))
-        except FileNotFoundError:
+        raw = read_cached(path, "symbol index")
+        if raw is None:
             return None
-        except (OSError, FileRefused, SymbolizeError) as e:
+        try:
+            return SymbolIndex.from_bytes(raw)
+        except SymbolizeError as e:
             log.debug("symbol index %s ignored: %s", path, e)
             return None
 
     def store_index(self, key: str, index: SymbolIndex) -> None:
         """Save `index` for `key` atomically; failures are logged and ignored."""
-        path = self.path_for(key, ".sym")
-        try:
-            with OutputDir.adopt(trusted_dir(os.path.abspath(os.path.dirname(path))), os.path.dirname(path)) as d:
-                d.write_atomic(os.path.basename(path), index.pieces(), 0o600)
-        except (OSError, FileRefused) as e:
-            log.debug("symbol index %s not written: %s", path, e)
+        write_cached(self.path_for(key, ".sym"), index.pieces(), "symbol index")
 
 
 def _encode(key: str, symbols: CachedSymbols) -> dict[str, object]:
