@@ -55,14 +55,17 @@ class UnwindProc(ctypes.Structure):
 
 @dataclass
 class _Loaded:
+    """A table in the pools: its rows, and its page index (npages + 1 entries of pages of 1 << page_shift bytes
+    from ELF address page_base)."""
+
     first: int
     nrows: int
+    index_first: int
+    page_base: int
+    npages: int
+    page_shift: int
     users: set[int] = field(default_factory=set)
     used_ns: int = 0
-    index_first: int = 0
-    page_base: int = 0
-    npages: int = 0  # 0: no page index (tests without an index pool)
-    page_shift: int = PAGE_SHIFT
 
 
 class _FreeList:
@@ -125,7 +128,7 @@ class UnwindTables:
     def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build,
                  pool: bytearray | None = None, index_pool: bytearray | None = None) -> None:
         """`pool`, `index_pool`: the row pool's and page index's memory (tests); by default the unwind_rows and
-        unwind_index maps, mmapped. Without an unwind_index map (or index_pool) tables get no page index."""
+        unwind_index maps, mmapped."""
         self._rows_map = obj.maps["unwind_rows"]
         self._rules_map = obj.maps["unwind_rules"]
         self._procs = obj.maps["unwind_procs"]
@@ -133,15 +136,13 @@ class UnwindTables:
         self.capacity = self._rows_map.max_entries
         self._pool: mmap.mmap | bytearray = pool if pool is not None else mmap.mmap(
             self._rows_map.fd, self.capacity * 8, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        index_map = obj.maps.get("unwind_index")
-        self._index: mmap.mmap | bytearray | None = index_pool
-        if index_pool is None and index_map is not None and pool is None:
-            # u64 values holding two u32 entries each (bpf/cpu_sampler.bpf.c): a plain u32 array here
-            self._index = mmap.mmap(index_map.fd, index_map.max_entries * 8, mmap.MAP_SHARED,
-                                    mmap.PROT_READ | mmap.PROT_WRITE)
+        # unwind_index: u64 values holding two u32 entries each (bpf/cpu_sampler.bpf.c), a plain u32 array here
+        self._index: mmap.mmap | bytearray = index_pool if index_pool is not None else mmap.mmap(
+            obj.maps["unwind_index"].fd, obj.maps["unwind_index"].max_entries * 8, mmap.MAP_SHARED,
+            mmap.PROT_READ | mmap.PROT_WRITE)
         self._gen_map = obj.maps.get("unwind_gen")
         self._gen = 0
-        self._index_capacity = len(self._index) // 4 if self._index is not None else 0
+        self._index_capacity = len(self._index) // 4
         self._index_free = _FreeList(self._index_capacity)
         self._rules: dict[Rule, int] = {NOT_COVERED: 0}
         self._rules_map.update(_U32.pack(0), RULE.pack(*NOT_COVERED))
@@ -229,10 +230,8 @@ class UnwindTables:
             return ""
         with elf:
             key = self._load_open(pid, m, elf, path)
-        if key and (pid, m.start) in self._bias:
-            entry = self._seen.setdefault(ident, (key, {}))
-            if entry[0] == key:
-                entry[1][m.file_offset] = m.start - self._bias[(pid, m.start)]
+        if key:  # _load_open has set the bias
+            self._seen.setdefault(ident, (key, {}))[1][m.file_offset] = m.start - self._bias[(pid, m.start)]
         return key
 
     def _load_open(self, pid: int, m: Mapping, elf: ElfFile, path: str) -> str:
@@ -277,22 +276,18 @@ class UnwindTables:
         if n == 0 or n > self.capacity:
             return False
         paged = page_index(table.rows)
-        if paged is None or (self._index is not None and len(paged[2]) > self._index_capacity):
+        if paged is None or len(paged[2]) > self._index_capacity:
             return False
         shift, base, index = paged
-        index_at = 0
-        if self._index is not None:
-            at = self._alloc(self._index_free, len(index))
-            if at is None:
-                return False
-            index_at = at
+        index_at = self._alloc(self._index_free, len(index))
+        if index_at is None:
+            return False
         first = self._alloc(self._free, n)
         rules = self._global_rules(table.rules) if first is not None else None
         if first is None or rules is None:
             if first is not None:
                 self._free.release(first, n)
-            if self._index is not None:
-                self._index_free.release(index_at, len(index))
+            self._index_free.release(index_at, len(index))
             return False
         # rows are <IHH> (pc, local rule, 0); BPF wants u64 pc | global rule << 32, the same bytes with the
         # rule index renumbered
@@ -302,11 +297,8 @@ class UnwindTables:
         for i in range(2, len(local), 4):
             view[i] = rules[local[i]]
         self._pool[first * 8:(first + n) * 8] = out
-        loaded = self._files[key] = _Loaded(first, n, used_ns=time.monotonic_ns())
-        if self._index is not None:
-            self._index[index_at * 4:(index_at + len(index)) * 4] = index.tobytes()
-            loaded.index_first, loaded.page_base = index_at, base
-            loaded.npages, loaded.page_shift = len(index) - 1, shift
+        self._index[index_at * 4:(index_at + len(index)) * 4] = index.tobytes()
+        self._files[key] = _Loaded(first, n, index_at, base, len(index) - 1, shift, used_ns=time.monotonic_ns())
         self._evicted.discard(key)
         self.stats.loaded += 1
         self._update_stats()
@@ -344,8 +336,7 @@ class UnwindTables:
         if self._gen_map is not None:
             self._gen_map.update(_U32.pack(0), _U32.pack(self._gen & 0xFFFFFFFF))
         self._free.release(loaded.first, loaded.nrows)
-        if loaded.npages:
-            self._index_free.release(loaded.index_first, loaded.npages + 1)
+        self._index_free.release(loaded.index_first, loaded.npages + 1)
         self._evicted.add(key)
         self.stats.evicted += 1
         for pid in sorted(loaded.users):

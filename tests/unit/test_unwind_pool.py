@@ -94,7 +94,7 @@ class Pool:
         return Rule(*RULE.unpack(self.maps["unwind_rules"].data[_U32.pack(idx)]))
 
 
-def make_pool(capacity: int, tables: dict[str, UnwindTable | Exception]) -> Pool:
+def make_pool(capacity: int, tables: dict[str, UnwindTable | Exception], index_entries: int = 4096) -> Pool:
     maps = {"unwind_rows": _map("unwind_rows", capacity), "unwind_rules": _map("unwind_rules", 65536),
             "unwind_procs": _map("unwind_procs", 8192)}
     built: list[str] = []
@@ -109,7 +109,7 @@ def make_pool(capacity: int, tables: dict[str, UnwindTable | Exception]) -> Pool
 
     pool = bytearray(capacity * 8)
     obj = BpfObject(progs={}, maps=dict[str, BpfMap](maps))
-    return Pool(_Tables(obj, table_for, pool=pool), maps, pool, built)
+    return Pool(_Tables(obj, table_for, pool=pool, index_pool=bytearray(4 * index_entries)), maps, pool, built)
 
 
 @pytest.fixture
@@ -261,16 +261,12 @@ def test_rows_too_dense_for_the_search_steps_get_no_index() -> None:
 
 
 def test_tables_get_a_page_index_in_its_own_pool(files: Callable[[str], str]) -> None:
-    """Each table's index takes npages + 1 entries of the index pool; a table whose index does not fit (or would
-    be sparse) gets none and is searched whole."""
+    """Each table's index takes npages + 1 entries of the index pool, in turn."""
     p = make_pool(2000, {"a": table((R1,), 5, first_pc=0x1000), "b": table((R2,), 600, first_pc=0x3000),
-                         "c": table((R1,), 20, first_pc=0x10000)})
-    index_pool = bytearray(4 * 16)
-    p.tables = _Tables(BpfObject(progs={}, maps=dict[str, BpfMap](p.maps)), p.tables._table_for, pool=p.pool,
-                       index_pool=index_pool)
+                         "c": table((R1,), 20, first_pc=0x10000)}, index_entries=16)
     for pid, name in enumerate("abc", 1):
         p.tables.add_process(pid, [mapping(files(name), 0x5000_0000)])
-    index = memoryview(index_pool).cast("I")
+    index = memoryview(p.tables._index).cast("I")
     (ma,), (mb,), (mc,) = p.proc(1), p.proc(2), p.proc(3)
     assert (ma.index_first, ma.page_base, ma.npages, list(index[0:2])) == (0, 0x1000, 1, [0, 5])
     # b: rows 0x3000 ... 0x5570, 16 bytes apart: pages 0x3000, 0x4000, 0x5000 hold 256, 256 and 88 rows
@@ -285,9 +281,7 @@ def test_an_index_that_never_fits_leaves_the_file_to_frame_pointers(files: Calla
                        CfiStats("eh_frame_hdr", 25, 25, 0, 25, 25, 1, 0, (), ()))  # 14 pages: 15 entries
     sparse = UnwindTable(ROW.pack(0x1000, 0, 0) + ROW.pack(0x101000, 0, 0), (R1,),
                          CfiStats("eh_frame_hdr", 2, 2, 0, 2, 2, 1, 0, (), ()))  # 257 pages of 4 KiB for 2 rows
-    p = make_pool(100, {"wide": wide, "sparse": sparse})
-    p.tables = _Tables(BpfObject(progs={}, maps=dict[str, BpfMap](p.maps)), p.tables._table_for, pool=p.pool,
-                       index_pool=bytearray(4 * 12))
+    p = make_pool(100, {"wide": wide, "sparse": sparse}, index_entries=12)
     p.tables.add_process(1, [mapping(files("sparse"), 0x5000_0000), mapping(files("wide"), 0x6000_0000)])
     sparse_map, wide_map = p.proc(1)
     assert (sparse_map.nrows, sparse_map.page_shift, sparse_map.npages) == (2, 17, 9)  # 128 KiB pages
