@@ -619,6 +619,15 @@ static __always_inline int uw_walk_more(u64 *data, u32 pid, struct uw_state *st)
     return 0;
 }
 
+/* The walk is over: the record takes its frames and how the walk ended, and sample_finish completes it. */
+static __always_inline void uw_sample_done(struct bpf_perf_event_data *ctx, struct sample_rec *rec,
+                                           struct uw_state *st) {
+    rec->user_len = st->n * 8;
+    rec->unwind = st->why;
+    uw_progs.call(ctx, UW_PROG_FINISH);
+    count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
+}
+
 /* Tail-called: walk AIFLAME_UW_FRAMES more frames, then again or on to sample_finish. */
 int uw_step(struct bpf_perf_event_data *ctx) {
     u32 zero = 0;
@@ -630,10 +639,7 @@ int uw_step(struct bpf_perf_event_data *ctx) {
         uw_progs.call(ctx, UW_PROG_STEP);
     if (st->scan_now)
         uw_progs.call(ctx, UW_PROG_SCAN);
-    rec->user_len = st->n * 8;
-    rec->unwind = st->why;
-    uw_progs.call(ctx, UW_PROG_FINISH);
-    count(CNT_UW_TAILCALL_FAIL);
+    uw_sample_done(ctx, rec, st);
     return 0;
 }
 
@@ -691,10 +697,7 @@ int uw_scan(struct bpf_perf_event_data *ctx) {
         uw_progs.call(ctx, UW_PROG_STEP);
     else
         st->why |= UW_STOP_NOT_COVERED;
-    rec->user_len = st->n * 8;
-    rec->unwind = st->why;
-    uw_progs.call(ctx, UW_PROG_FINISH);
-    count(CNT_UW_TAILCALL_FAIL);
+    uw_sample_done(ctx, rec, st);
     return 0;
 }
 
