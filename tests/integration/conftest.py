@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +42,36 @@ def read_folded(path: Path) -> dict[str, int]:
 def share(folded: dict[str, int], frame: str) -> int:
     """Samples whose stack holds `frame`."""
     return sum(c for st, c in folded.items() if frame in st.split(";"))
+
+
+class AgentProcess:
+    """`aiflame agent` as a root subprocess with a config of its own in `tmp`: `sections` (TOML: [watch],
+    [continuous], ...) plus an output directory and control socket there; its log is `tmp/daemon.log`. `popen`:
+    more subprocess.Popen arguments (a session, a cgroup). Returns once it has started."""
+
+    def __init__(self, tmp: Path, sections: str, **popen: Any) -> None:
+        self.tmp = tmp
+        self.out = tmp / "out"
+        self.sock = tmp / "agent.sock"
+        self.config = tmp / "aiflame.toml"
+        self.config.write_text(textwrap.dedent(sections)
+                               + f'[output]\ndir = "{self.out}"\n[control]\nsocket = "{self.sock}"\n')
+        self.log = tmp / "daemon.log"
+        self._log_f = open(self.log, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config", str(self.config)],
+                                     cwd=REPO, stdout=self._log_f, stderr=subprocess.STDOUT, **popen)
+        self.wait_log("INFO started", 120)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_log(self, needle: str, timeout: float, after: int = 0) -> None:
+        """Until `needle` is in the log (from character `after` on); fails the test if the daemon exits first."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if needle in self.text()[after:]:
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"daemon exited ({self.proc.returncode}):\n{self.text()[-3000:]}")
+            time.sleep(0.1)
+        pytest.fail(f"no {needle!r} in the daemon log after {timeout} s:\n{self.text()[-3000:]}")

@@ -20,6 +20,7 @@ import pytest
 from aiflame.agent.daemon.store import CAPTURE_RE, WINDOW_RE
 from aiflame.core.capture import read_capture
 from tests.conftest import REPO
+from tests.integration.conftest import AgentProcess
 from tests.integration.test_runtime_nccl import _libnccl
 
 WINDOW_S = 3.0
@@ -51,42 +52,16 @@ WORKLOAD = textwrap.dedent("""
 """)
 
 
-class Daemon:
+class Daemon(AgentProcess):
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.out = tmp / "out"
-        self.sock = tmp / "agent.sock"
-        self.config = tmp / "aiflame.toml"
-        self.config.write_text(textwrap.dedent(f"""
+        super().__init__(tmp, f"""
             [watch]
             scan_interval_s = 0.2
             [continuous]
             window_s = {WINDOW_S}
-            [output]
-            dir = "{self.out}"
-            [control]
-            socket = "{self.sock}"
             [trigger]
             max_duration_s = 30
-        """))
-        self.log = tmp / "daemon.log"
-        self._log_f = open(self.log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config",
-                                      str(self.config)], cwd=REPO, stdout=self._log_f, stderr=subprocess.STDOUT)
-        self.wait_log("INFO started", 120)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_log(self, needle: str, timeout: float, after: int = 0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if needle in self.text()[after:]:
-                return
-            if self.proc.poll() is not None:
-                pytest.fail(f"daemon exited ({self.proc.returncode}):\n{self.text()}")
-            time.sleep(0.1)
-        pytest.fail(f"no {needle!r} in the daemon log after {timeout} s:\n{self.text()}")
+        """)
 
     def client(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "aiflame", *args, "--socket", str(self.sock)],

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.hostile import MemoryCgroup, add_compressed_section, fatbin_zstd_cubin, longest_stop, rss_peak_mb
+from tests.integration.conftest import AgentProcess
 from tests.integration.test_hostile import Attacker, Run
 
 RSS_LIMIT_MB = 300
@@ -37,13 +37,11 @@ def unit_memory_max() -> int:
     return int(value[:-1]) << {"K": 10, "M": 20, "G": 30}[value[-1]]
 
 
-class Daemon:
+class Daemon(AgentProcess):
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.out = tmp / "out"
-        self.sock = tmp / "agent.sock"
-        self.config = tmp / "aiflame.toml"
-        self.config.write_text(textwrap.dedent(f"""
+        # As under systemd: a session of its own, no controlling terminal, the unit's memory limit.
+        self.cgroup = MemoryCgroup(unit_memory_max())
+        super().__init__(tmp, """
             [watch]
             scan_interval_s = 0.3
             # The attacker runs /usr/bin/python3 (comm python3); other jobs on a shared host (the venv's python,
@@ -51,31 +49,7 @@ class Daemon:
             exclude = ["python"]
             [continuous]
             window_s = 4
-            [output]
-            dir = "{self.out}"
-            [control]
-            socket = "{self.sock}"
-        """))
-        self.log = tmp / "daemon.log"
-        self._log_f = open(self.log, "wb")
-        # As under systemd: a session of its own, no controlling terminal, the unit's memory limit.
-        self.cgroup = MemoryCgroup(unit_memory_max())
-        self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config", str(self.config)],
-                                     cwd=REPO, stdout=self._log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=self.cgroup.enter)
-        self.wait_log("INFO started", 120)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_log(self, needle: str, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if needle in self.text():
-                return
-            assert self.proc.poll() is None, f"daemon exited ({self.proc.returncode}):\n{self.text()[-3000:]}"
-            time.sleep(0.1)
-        raise AssertionError(f"no {needle!r} in the daemon log after {timeout} s:\n{self.text()[-3000:]}")
+        """, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=self.cgroup.enter)
 
     def status(self) -> tuple[dict[str, object], float]:
         """The status, and how long the answer took."""
