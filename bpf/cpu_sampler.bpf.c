@@ -140,8 +140,6 @@ BPF_F_TABLE("array", u32, u64, unwind_rows, AIFLAME_UNWIND_ROWS, BPF_F_MMAPABLE)
 /* u32 entries two to a u64 value (an array map's values are 8-byte aligned): entry e is the low (e even) or high
  * half of value e / 2, so the agent writes the mmapped map as a plain u32 array. */
 BPF_F_TABLE("array", u32, u64, unwind_index, AIFLAME_UNWIND_INDEX / 2, BPF_F_MMAPABLE);
-/* Bumped by the agent whenever a table leaves the pool (its rows may then hold another file's). */
-BPF_ARRAY(unwind_gen, u32, 1);
 
 static __always_inline int uw_index_entry(u32 e, u32 *out) {
     u32 slot = e >> 1;
@@ -159,14 +157,18 @@ BPF_ARRAY(layout_unwind_rule, struct unwind_rule, 1);
 #define AIFLAME_MAX_FRAME_BYTES (8u << 20)
 #define UW_PAGE 4096
 
-/* Rules found, per CPU, direct-mapped by (table, address): a deep stack's return addresses are the same call
- * sites sample after sample, so most frames (97% on the dispatcher loop) find their rule here without searching. */
+/* Rows found, per CPU: a deep stack's return addresses are the same call sites sample after sample, and sampled
+ * pcs fall in the same hot code, so most frames (98% on the dispatcher loop) find their row here without searching.
+ * An entry holds a row's address range; sets of four entries (one cache line) by table and 64-byte block of code,
+ * the entry to replace in a set chosen round-robin. */
 struct uw_cache_ent {
-    u64 tag;  /* first_row << 32 | ELF address */
+    u32 table;  /* unwind_map.table_id (0: empty) */
+    u32 start;  /* the row covers ELF addresses [start, end) */
+    u32 end;
     u32 rule;
-    u32 gen;
 };
 #define UW_CACHE_SLOTS 1024
+#define UW_CACHE_WAYS 4
 
 /* Where a user walk stands between tail calls (per CPU, like the sample it fills). */
 struct uw_state {
@@ -180,40 +182,53 @@ struct uw_state {
     u8 scan_now;  /* the step stopped at such code: scan before the next step */
     u8 scans;     /* scans done in this walk */
     u8 pad3;
+    u32 target;   /* the sampled process's target flags (samples) */
+    u32 victim;   /* round-robin: the rule cache entry to replace next in a set */
     /* binary-search bounds: kept in the map value, not in registers, so the verifier sees them as unknown
      * scalars and the states of both branches of each step prune into one (linear, not exponential, cost) */
     u32 lo;
     u32 hi;
     u32 pad;
     u64 recent_maps;  /* 1 + the indexes in unwind_proc.m of the last four mappings searched, 16 bits each */
-    u32 gen;       /* unwind_gen[0] when the walk began: rule cache entries of other generations are stale */
-    u32 pad2;
-    /* A page of the walked stack, copied up from the first word read in it: a deep walk reads a return address
-     * (and often rbp) in every frame. Invalid (page_addr 0) at the start of each walk: the stack changes between
-     * samples. */
+    /* Part of a page of the walked stack (a deep walk reads a return address, and often rbp, in every frame),
+     * copied at the first word read in it (uw_read). Invalid (page_addr 0) at the start of each walk: the stack
+     * changes between samples. */
     u64 page_addr;
-    u64 page_lo;   /* page[page_lo, UW_PAGE) holds the copy */
+    u32 page_lo;   /* page[page_lo, page_hi) holds the copy */
+    u32 page_hi;
     u8 page[2 * UW_PAGE];  /* twice the page: the verifier bounds the copy's start and length apart */
     struct uw_cache_ent cache[UW_CACHE_SLOTS];  /* kept from walk to walk (uw_find_rule) */
 };
 BPF_PERCPU_ARRAY(uw_scratch, struct uw_state, 1);
 
-/* *out = the user u64 at addr, through the page copy in st (read on a miss, from addr's 8-byte word to the page's
- * end: a walk goes up the stack); a read straddling two pages, or from a page that cannot be copied, goes to the
- * user memory directly. */
+/* *out = the user u64 at addr, through the page copy in st. A miss copies from UW_COPY_BELOW bytes below addr (a
+ * frame's saved rbp is read after its return address, below it: starting at addr cost a second copy in 45% of
+ * pages) to UW_COPY_FIRST bytes further, or to the page's end when the walk comes back above that copy in the
+ * same page: in 41% of the pages a dispatcher-loop walk enters it reads a few words before one big frame takes
+ * it to the next page, and the bytes copied, cold in cache, are much of a copy's cost. A read straddling two
+ * pages, or from a page that cannot be copied, goes to the user memory directly. */
+#define UW_COPY_BELOW 64
+#define UW_COPY_FIRST 512
 static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
     u64 base = addr & ~(u64)(UW_PAGE - 1);
-    u64 off = addr & (UW_PAGE - 1);
+    u32 off = addr & (UW_PAGE - 1);
     if (off > UW_PAGE - 8)
         return bpf_probe_read_user(out, 8, (void *)addr);
-    if (st->page_addr != base || off < st->page_lo) {
-        u64 from = off & (UW_PAGE - 8);
-        if (bpf_probe_read_user(st->page + from, UW_PAGE - from, (void *)(base + from)) != 0) {
+    if (st->page_addr != base || off < st->page_lo || off + 8 > st->page_hi) {
+        u32 from = (off > UW_COPY_BELOW ? off - UW_COPY_BELOW : 0) & (UW_PAGE - 8);
+        u32 to = st->page_addr == base && off >= st->page_hi ? UW_PAGE : from + UW_COPY_FIRST;
+        if (to > UW_PAGE)
+            to = UW_PAGE;
+        u64 len = to - from - 8;  /* 0..UW_PAGE - 8; the mask shows the verifier */
+        asm volatile("%0 &= 4095" : "+r"(len));
+        len += 8;
+        if (bpf_probe_read_user(st->page + from, len, (void *)(base + from)) != 0) {
             st->page_addr = 0;
             return bpf_probe_read_user(out, 8, (void *)addr);
         }
         st->page_addr = base;
         st->page_lo = from;
+        st->page_hi = to;
     }
     __builtin_memcpy(out, st->page + (off & (UW_PAGE - 1)), 8);
     return 0;
@@ -253,9 +268,11 @@ static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, str
     return m;
 }
 
-/* The rule index of m's last row at or below `addr`; 0 (not covered) if none. Only the rows of addr's index page
- * are searched: every row below them is below addr and every row above them is above it. */
-static __always_inline u32 uw_search_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
+/* The rule index of m's last row at or below `addr` (0: not covered), and the addresses that row covers,
+ * [*start, *end). Only the rows of addr's index page are searched: every row below them is below addr and every
+ * row above them is above it. */
+static __always_inline u32 uw_search_rule(struct uw_state *st, struct unwind_map *m, u32 addr, u32 *start,
+                                          u32 *end) {
     u32 first = m->first_row, n = m->nrows;
     if (!m->npages || addr < m->page_base)
         return 0;
@@ -289,19 +306,38 @@ static __always_inline u32 uw_search_rule(struct uw_state *st, struct unwind_map
         return 0;
     u32 idx = first + lo - 1;
     u64 *row = unwind_rows.lookup(&idx);
-    return row ? (u32)(*row >> 32) & 0xffff : 0;
+    if (!row)
+        return 0;
+    *start = (u32)*row;
+    *end = 0xffffffffu;  /* the last row covers the rest of the file */
+    if (lo < n) {
+        idx++;
+        u64 *next = unwind_rows.lookup(&idx);
+        if (next)
+            *end = (u32)*next;
+    }
+    return (u32)(*row >> 32) & 0xffff;
 }
 
 static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *m, u32 addr) {
-    u64 tag = (u64)m->first_row << 32 | addr;
-    u32 slot = (u32)((tag * 0x9e3779b97f4a7c15ULL) >> 54) & (UW_CACHE_SLOTS - 1);
-    struct uw_cache_ent *c = &st->cache[slot];
-    if (c->tag == tag && c->gen == st->gen)
-        return c->rule;
-    u32 rule = uw_search_rule(st, m, addr);
-    c->tag = tag;
-    c->rule = rule;
-    c->gen = st->gen;
+    u32 table = m->table_id;
+    u64 tag = (u64)table << 32 | addr >> 6;
+    u32 set = (u32)((tag * 0x9e3779b97f4a7c15ULL) >> 40) & (UW_CACHE_SLOTS / UW_CACHE_WAYS - 1);
+    struct uw_cache_ent *ways = &st->cache[set * UW_CACHE_WAYS];
+#pragma unroll
+    for (int w = 0; w < UW_CACHE_WAYS; w++) {
+        if (ways[w].table == table && ways[w].start <= addr && addr < ways[w].end)
+            return ways[w].rule;
+    }
+    u32 start = 1, end = 0;
+    u32 rule = uw_search_rule(st, m, addr, &start, &end);
+    if (table && start <= addr && addr < end) {
+        struct uw_cache_ent *c = &ways[st->victim++ & (UW_CACHE_WAYS - 1)];
+        c->table = table;
+        c->start = start;
+        c->end = end;
+        c->rule = rule;
+    }
     return rule;
 }
 
@@ -320,6 +356,21 @@ BPF_PROG_ARRAY(uw_progs, 3);
 #undef AIFLAME_UW_MAX_DEPTH
 #define AIFLAME_UW_MAX_DEPTH AIFLAME_MAX_STACK  /* user frames a CFI walk records at most (--max-depth) */
 #endif
+
+/* A new walk from (pc, sp, bp); the rule cache in st is kept. */
+static __always_inline void uw_begin(struct uw_state *st, u64 pc, u64 sp, u64 bp, u8 scan_ok) {
+    st->pc = pc;
+    st->sp = sp;
+    st->bp = bp;
+    st->n = 0;
+    st->why = 0;
+    st->calls = 0;
+    st->page_addr = 0;
+    st->recent_maps = 0;
+    st->scan_ok = scan_ok;
+    st->scan_now = 0;
+    st->scans = 0;
+}
 
 /* Walk up to AIFLAME_UW_FRAMES frames of the user stack from st into data[st->n...]: CFI rows where the mapping
  * has a table, frame pointers where it has none or the rule cannot be followed. Returns 1 when the walk is
@@ -576,26 +627,17 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         /* the task's user registers: the interrupted ones when the sample hit user code (cs RPL 3), else those
          * saved at its entry to the kernel */
         if ((ctx->regs.cs & 3) == 3) {
-            st->pc = ctx->regs.ip;
-            st->sp = ctx->regs.sp;
-            st->bp = ctx->regs.bp;
+            uw_begin(st, ctx->regs.ip, ctx->regs.sp, ctx->regs.bp, 1);
         } else {
             struct pt_regs *regs =
                 (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
-            bpf_probe_read_kernel(&st->pc, 8, &regs->ip);
-            bpf_probe_read_kernel(&st->sp, 8, &regs->sp);
-            bpf_probe_read_kernel(&st->bp, 8, &regs->bp);
+            u64 r[3] = {};
+            bpf_probe_read_kernel(&r[0], 8, &regs->ip);
+            bpf_probe_read_kernel(&r[1], 8, &regs->sp);
+            bpf_probe_read_kernel(&r[2], 8, &regs->bp);
+            uw_begin(st, r[0], r[1], r[2], 1);
         }
-        st->n = 0;
-        st->why = 0;
-        st->calls = 0;
-        st->page_addr = 0;
-        st->recent_maps = 0;
-        st->scan_ok = 1;
-        st->scan_now = 0;
-        st->scans = 0;
-        u32 *gen = unwind_gen.lookup(&zero);
-        st->gen = gen ? *gen : 0;
+        st->target = target;
         if (st->pc)
             uw_progs.call(ctx, UW_PROG_STEP);
         count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
@@ -704,9 +746,10 @@ int uw_scan(struct bpf_perf_event_data *ctx) {
 int sample_finish(struct bpf_perf_event_data *ctx) {
     u32 zero = 0;
     struct sample_rec *rec = sample_scratch.lookup(&zero);
-    if (!rec)
+    struct uw_state *st = uw_scratch.lookup(&zero);
+    if (!rec || !st)
         return 0;
-    return finish_sample(ctx, rec, target_flags(rec->pid));
+    return finish_sample(ctx, rec, st->target);
 }
 
 static __always_inline void emit_proc(u32 kind, u32 pid, u32 child) {

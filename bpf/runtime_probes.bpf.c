@@ -172,18 +172,7 @@ int on_call(struct pt_regs *ctx) {
     if (spec->flags & PROBE_STACK) {
         struct uw_state *st = uw_call_scratch.lookup(&zero);
         if (st && unwind_procs.lookup(&tgid)) {
-            st->pc = ctx->ip;
-            st->sp = ctx->sp;
-            st->bp = ctx->bp;
-            st->n = 0;
-            st->why = 0;
-            st->calls = 0;
-            st->page_addr = 0;
-            st->recent_maps = 0;
-            st->scan_ok = 0;  /* launch stacks: CFI and frame pointers only */
-            st->scan_now = 0;
-            u32 *gen = unwind_gen.lookup(&zero);
-            st->gen = gen ? *gen : 0;
+            uw_begin(st, ctx->ip, ctx->sp, ctx->bp, 0);  /* launch stacks: CFI and frame pointers only */
             uw_call_progs.call(ctx, UW_PROG_STEP);
             count(CNT_UW_TAILCALL_FAIL);
         }

@@ -10,7 +10,8 @@
  *   unwind_index[i] u32: per file, for each 4 KiB page of its code (larger where rows are sparse), the first of
  *                    its rows at or above the page (npages + 1 entries), so the row search covers one page's
  *                    rows (~40 in libtorch, at most 2^AIFLAME_ROW_STEPS - 1), not all (~10^6)
- * Every frame costs two binary searches (mapping, then row within the page). The walk ends cleanly at a row whose return
+ * A frame's mapping is most often one of the last four found, and its row one the CPU's rule cache holds; else
+ * a binary search finds each (mapping, then row within the page). The walk ends cleanly at a row whose return
  * address is undefined (_start, a thread's clone child) or a zero return address, and says why it ended
  * otherwise (UW_STOP_*), so user space can count the reasons per mapping.
  */
@@ -74,6 +75,8 @@ struct unwind_map {
     __u32 page_base;   /* ELF address of page 0 */
     __u32 npages;      /* pages in the index (every table in the pool has one) */
     __u32 page_shift;  /* pages of 1 << page_shift bytes: 12, more for sparse tables */
+    __u32 table_id;    /* the agent numbers each table it loads, never reusing a number: the rule cache's tag */
+    __u32 pad;
 };
 
 struct unwind_proc {

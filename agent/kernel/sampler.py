@@ -138,7 +138,7 @@ LAYOUT_MAPS = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_pro
                "unwind_proc": "layout_unwind_proc", "unwind_rule": "layout_unwind_rule"}
 PROBE_LAYOUT_MAPS = {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_rec": "layout_open",
                      "probe_spec": "layout_spec"}
-UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_gen", "unwind_rules", "unwind_procs", "uw_progs", "uw_call_progs"]
+UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "uw_progs", "uw_call_progs"]
 # The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record, 2
 # scans the stack past code without CFI (samples only: UW_PROG_SCAN).
 UW_PROGS = {"uw_progs": ("uw_step", "sample_finish", "uw_scan"), "uw_call_progs": ("uw_call_step", "call_finish")}

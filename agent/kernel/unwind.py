@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 MAX_MAPS = 256  # AIFLAME_UNWIND_MAPS
 MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
 ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
-# struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift
-_MAP = struct.Struct("<QQQIIIIII")
+# struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift, table_id, pad
+_MAP = struct.Struct("<QQQIIIIIIII")
 PAGE_SHIFT = 12  # a page index has one entry per 4 KiB of a file's code, or per larger page where that is sparse
 MAX_PAGE_ROWS = (1 << 13) - 1  # AIFLAME_ROW_STEPS (13) binary-search steps find a row among this many
 _PROC_HEAD = struct.Struct("<II")  # n, flags
@@ -44,7 +44,8 @@ class UnwindMap(ctypes.Structure):
 
     _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("bias", ctypes.c_uint64),
                 ("first_row", ctypes.c_uint32), ("nrows", ctypes.c_uint32), ("index_first", ctypes.c_uint32),
-                ("page_base", ctypes.c_uint32), ("npages", ctypes.c_uint32), ("page_shift", ctypes.c_uint32)]
+                ("page_base", ctypes.c_uint32), ("npages", ctypes.c_uint32), ("page_shift", ctypes.c_uint32),
+                ("table_id", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 class UnwindProc(ctypes.Structure):
@@ -64,6 +65,7 @@ class _Loaded:
     page_base: int
     npages: int
     page_shift: int
+    table_id: int  # never reused: BPF's cached rows of an evicted table can never match another's
     users: set[int] = field(default_factory=set)
     used_ns: int = 0
 
@@ -140,8 +142,7 @@ class UnwindTables:
         self._index: mmap.mmap | bytearray = index_pool if index_pool is not None else mmap.mmap(
             obj.maps["unwind_index"].fd, obj.maps["unwind_index"].max_entries * 8, mmap.MAP_SHARED,
             mmap.PROT_READ | mmap.PROT_WRITE)
-        self._gen_map = obj.maps.get("unwind_gen")
-        self._gen = 0
+        self._last_id = 0  # table ids given so far
         self._index_capacity = len(self._index) // 4
         self._index_free = _FreeList(self._index_capacity)
         self._rules: dict[Rule, int] = {NOT_COVERED: 0}
@@ -196,9 +197,9 @@ class UnwindTables:
             bias, loaded = self._bias.get((pid, m.start), 0), self._files.get(key)
             if loaded:
                 first, nrows = loaded.first, loaded.nrows
-                index = (loaded.index_first, loaded.page_base, loaded.npages, loaded.page_shift)
+                index = (loaded.index_first, loaded.page_base, loaded.npages, loaded.page_shift, loaded.table_id, 0)
             else:
-                first, nrows, index = (ROWS_EVICTED if key in self._evicted else 0), 0, (0, 0, 0, 0)
+                first, nrows, index = (ROWS_EVICTED if key in self._evicted else 0), 0, (0, 0, 0, 0, 0, 0)
             _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows,
                            *index)
         self._procs.update(_U32.pack(pid), bytes(proc))
@@ -298,7 +299,9 @@ class UnwindTables:
             view[i] = rules[local[i]]
         self._pool[first * 8:(first + n) * 8] = out
         self._index[index_at * 4:(index_at + len(index)) * 4] = index.tobytes()
-        self._files[key] = _Loaded(first, n, index_at, base, len(index) - 1, shift, used_ns=time.monotonic_ns())
+        self._last_id = self._last_id % 0xFFFFFFFF + 1
+        self._files[key] = _Loaded(first, n, index_at, base, len(index) - 1, shift, self._last_id,
+                                   used_ns=time.monotonic_ns())
         self._evicted.discard(key)
         self.stats.loaded += 1
         self._update_stats()
@@ -332,9 +335,6 @@ class UnwindTables:
             return False
         key = min(self._files, key=lambda k: (bool(self._files[k].users), self._files[k].used_ns))
         loaded = self._files.pop(key)
-        self._gen += 1  # before the rows can be reused: BPF's cached rules of this table go stale
-        if self._gen_map is not None:
-            self._gen_map.update(_U32.pack(0), _U32.pack(self._gen & 0xFFFFFFFF))
         self._free.release(loaded.first, loaded.nrows)
         self._index_free.release(loaded.index_first, loaded.npages + 1)
         self._evicted.add(key)

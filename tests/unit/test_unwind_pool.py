@@ -159,6 +159,8 @@ def test_eviction_unused_first_then_least_recent(files: Callable[[str], str]) ->
     p = make_pool(10, {n: table((R1,), 4, first_pc=0x1000 * (i + 1)) for i, n in enumerate("abcd")})
     p.tables.add_process(1, [mapping(files("a"), 0x1000_0000)])
     p.tables.add_process(2, [mapping(files("b"), 0x2000_0000)])
+    a_id = p.proc(1)[0].table_id
+    assert a_id and p.proc(2)[0].table_id not in (0, a_id)
     p.tables.remove_process(2)  # b's table stays in the pool, unused
     p.tables.add_process(3, [mapping(files("c"), 0x3000_0000)])  # no room: b goes, not the older a
     assert p.tables.stats.evicted == 1 and p.proc(1)[0].nrows == 4 and p.proc(3)[0].first_row == 4
@@ -168,10 +170,13 @@ def test_eviction_unused_first_then_least_recent(files: Callable[[str], str]) ->
     assert (gone.first_row, gone.nrows) == (ROWS_EVICTED, 0)  # the unwinder says "evicted", walks with FP
     assert (p.proc(3)[0].first_row, p.proc(4)[0].first_row) == (4, 0)
     assert p.rows(0, 4)[0][0] == 0x4000  # d's rows where a's were
+    # BPF's rule cache is tagged by table id: the rows now d's must never answer for a's id
+    assert p.proc(4)[0].table_id not in (0, a_id) and gone.table_id == 0
     # Process 1 described again: a is loaded anew (the least recent, c, makes room) and counted again.
     p.tables.add_process(1, [mapping(files("a"), 0x1000_0000)])
     assert p.tables.stats.loaded == 5 and p.tables.stats.evicted == 3
     assert p.proc(1)[0].nrows == 4 and p.proc(3)[0].first_row == ROWS_EVICTED
+    assert p.proc(1)[0].table_id not in (a_id, p.proc(4)[0].table_id)  # loaded anew: a new id
     assert p.built == ["a", "b", "c", "d", "a"]
 
 
