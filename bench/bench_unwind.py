@@ -242,12 +242,18 @@ def cost_figures(tmp: Path, target_cmd: list[str], seconds: float,
                  modes: tuple[str, str] = ("cfi", f"fp:{COST_HZ_OTHER}")) -> dict[str, object]:
     """Two samplers on one target at once; "ratio" is the first mode's in-kernel cost per sample over the
     second's (cost_helper's modes)."""
+    # the target alone on the last CPU, the two agents (draining, symbolizing) on the others
+    cpus = sorted(os.sched_getaffinity(0))
+    others = set(cpus[:-1]) or set(cpus)
+    if len(cpus) > 1:
+        target_cmd = ["taskset", "-c", str(cpus[-1]), *target_cmd]
     target = subprocess.Popen(target_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(2)  # past the import (torch) into the steady loop
         helpers = {mode: subprocess.Popen([sys.executable, __file__, "--cost-helper", mode, str(target.pid),
                                            str(seconds), str(tmp / f"cost-{mode.replace(':', '-')}")],
-                                          cwd=REPO, stdout=subprocess.PIPE, text=True)
+                                          cwd=REPO, stdout=subprocess.PIPE, text=True,
+                                          preexec_fn=lambda: os.sched_setaffinity(0, others))
                    for mode in modes}
         results = {}
         for mode, h in helpers.items():
