@@ -117,6 +117,7 @@ struct proc_rec {
 #define PROBE_OUT 4     /* at return, read the u64 the call wrote at its entry argument out_arg */
 #define PROBE_STOP 8    /* stop the process (SIGSTOP) and wake the agent, which continues it (e.g. at exit()) */
 #define PROBE_REGS 16   /* args[0-5] hold the registers regs[] names instead (USDT probes: any register) */
+#define PROBE_RET 32    /* the call has a return probe: the kernel swaps its return address for a trampoline */
 #define AIFLAME_PROBE_REGS 6
 
 struct probe_spec {

@@ -154,6 +154,33 @@ BPF_F_TABLE("hash", u32, struct unwind_proc, unwind_procs, AIFLAME_UNWIND_PROCS,
 BPF_ARRAY(layout_unwind_proc, struct unwind_proc, 1);
 BPF_ARRAY(layout_unwind_rule, struct unwind_rule, 1);
 
+/* While a call with a return probe runs, the kernel keeps its return address and puts the address of its
+ * uretprobe trampoline (in the [uprobes] page, mapped from no file) in the stack slot. A walk through such a frame
+ * would stop there, losing every caller (the Python path of a sample inside a probed all-reduce). on_call keeps,
+ * per thread, the slot and the original return address of its last UW_URET_CALLS probed calls; the walk takes the
+ * original back when it reads a page-aligned address that maps nowhere from a slot kept there. */
+#define UW_URET_CALLS 8
+struct uret_calls {
+    u64 slot[UW_URET_CALLS];
+    u64 ra[UW_URET_CALLS];
+    u32 n;  /* calls recorded; the newest is at (n - 1) % UW_URET_CALLS */
+    u32 pad;
+};
+BPF_TABLE("lru_hash", u32, struct uret_calls, uret_ras, 4096);
+
+/* The return address the kernel's uretprobe took from `slot` of thread `tid`, or 0. */
+static __always_inline u64 uw_uret_ra(u32 tid, u64 slot) {
+    struct uret_calls *u = uret_ras.lookup(&tid);
+    if (!u)
+        return 0;
+#pragma unroll
+    for (int i = 0; i < UW_URET_CALLS; i++) {
+        if (u->slot[i] == slot)
+            return u->ra[i];
+    }
+    return 0;
+}
+
 #define AIFLAME_MAX_FRAME_BYTES (8u << 20)
 #define UW_PAGE 4096
 
@@ -183,6 +210,7 @@ struct uw_state {
     u8 scans;     /* scans done in this walk */
     u8 pad3;
     u32 target;   /* the sampled process's target flags (samples) */
+    u32 tid;      /* the walked thread */
     u32 victim;   /* round-robin: the rule cache entry to replace next in a set */
     /* binary-search bounds: kept in the map value, not in registers, so the verifier sees them as unknown
      * scalars and the states of both branches of each step prune into one (linear, not exponential, cost) */
@@ -359,6 +387,7 @@ BPF_PROG_ARRAY(uw_progs, 3);
 
 /* A new walk from (pc, sp, bp); the rule cache in st is kept. */
 static __always_inline void uw_begin(struct uw_state *st, u64 pc, u64 sp, u64 bp, u8 scan_ok) {
+    st->tid = (u32)bpf_get_current_pid_tgid();
     st->pc = pc;
     st->sp = sp;
     st->bp = bp;
@@ -392,6 +421,15 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
         /* a caller's pc is a return address, which may be the first byte of the next function: look up pc - 1 */
         u64 look = n > 1 ? pc - 1 : pc;
         struct unwind_map *m = uw_find_map(p, st, look);
+        if (!m && n > 1 && !(pc & (UW_PAGE - 1))) {
+            u64 ra = uw_uret_ra(st->tid, sp - 8);  /* sp is the CFA the return address was read below */
+            if (ra) {
+                pc = ra;
+                data[idx] = pc;
+                look = pc - 1;
+                m = uw_find_map(p, st, look);
+            }
+        }
         u32 fail = UW_STOP_NO_MAPPING;
         u32 cfa_type = CFA_NONE;
         struct unwind_rule *r = NULL;

@@ -132,6 +132,20 @@ int on_call(struct pt_regs *ctx) {
     if (bpf_probe_read_user(top, sizeof(top), (void *)ctx->sp) != 0)
         top[0] = read_ptr(ctx->sp);
     rec->args[7] = top[0];
+    if (spec->flags & PROBE_RET) {
+        u32 tid = (u32)id;
+        struct uret_calls *u = uret_ras.lookup(&tid);
+        if (!u) {
+            struct uret_calls fresh = {};
+            uret_ras.update(&tid, &fresh);
+            u = uret_ras.lookup(&tid);
+        }
+        if (u) {
+            u32 i = u->n++ & (UW_URET_CALLS - 1);
+            u->slot[i] = ctx->sp;
+            u->ra[i] = top[0];
+        }
+    }
     if (spec->flags & PROBE_REGS) {
         /* USDT sites: arguments may sit in any general register */
         u64 regs[16] = {ctx->ax, ctx->bx, ctx->cx, ctx->dx, ctx->si, ctx->di, ctx->bp, ctx->sp,

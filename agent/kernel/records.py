@@ -42,6 +42,7 @@ class ProbeFlag(enum.IntFlag):
     OUT = 4
     STOP = 8
     REGS = 16
+    RET = 32
 
 
 class Counter(enum.IntEnum):

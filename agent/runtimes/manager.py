@@ -58,6 +58,8 @@ def spec_rec(spec: ProbeSpec) -> ProbeSpecRec:
         rec.regs[i] = spec.regs[i] if i < len(spec.regs) else -1
     if spec.regs:
         flags |= ProbeFlag.REGS
+    if spec.ret:
+        flags |= ProbeFlag.RET
     rec.flags = int(flags)
     return rec
 

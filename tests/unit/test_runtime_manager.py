@@ -65,7 +65,7 @@ def _call(probe: int, tid: int = 7, t: int = 100, args: tuple[int, ...] = (1, 2,
 
 def test_spec_rec_encodes_derefs_string_out_and_flags() -> None:
     rec = spec_rec(ProbeSpec(("f",), "f", ret=True, derefs=(Deref(SP, 8), Deref(9, -4)), string=ARG3, out_arg=ARG0))
-    assert rec.flags == ProbeFlag.STACK | ProbeFlag.STR | ProbeFlag.OUT
+    assert rec.flags == ProbeFlag.STACK | ProbeFlag.STR | ProbeFlag.OUT | ProbeFlag.RET
     assert list(rec.src) == [SP, 9, -1, -1] and list(rec.off)[:2] == [8, -4]
     assert (rec.str_src, rec.out_arg) == (ARG3, ARG0)
 
