@@ -27,13 +27,23 @@ BPF_PERCPU_ARRAY(uw_call_scratch, struct uw_state, 1);
 BPF_PROG_ARRAY(uw_call_progs, 2);
 
 /* Stop the current process (SIGSTOP, delivered on its way back to user space) so the agent can act before it
- * goes on, recording the stop first: a stop the watchdog could not know of is never made. */
-static __always_inline void stop_target(u32 tgid, u64 time_ns) {
-    if (stops.update(&tgid, &time_ns) != 0) {
+ * goes on, recording the stop first: a stop the watchdog could not know of is never made. Then send `rec` to the
+ * agent, and only then: the agent continues the target as soon as it has read the record, so a record it could
+ * read before the signal was sent (this program preempted, or its vCPU descheduled, in between) left the target
+ * stopped for good. A record that cannot be sent takes the stop back (SIGCONT drops the pending SIGSTOP). */
+static __always_inline int stop_target_and_emit(u32 tgid, u64 time_ns, void *rec, u64 size) {
+    int stopped = 0;
+    if (stops.update(&tgid, &time_ns) != 0)
         count(CNT_STOPS_UNRECORDED);
-        return;
-    }
-    bpf_send_signal(19);
+    else if (bpf_send_signal(19) == 0)
+        stopped = 1;
+    else
+        stops.delete(&tgid);
+    if (events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP) == 0)
+        return 0;
+    if (stopped && bpf_send_signal(18) == 0)
+        stops.delete(&tgid);
+    return -1;
 }
 
 /* The caller's frame-pointer chain: the probed ip, then the return address of each frame from rbp up. At a
@@ -93,10 +103,8 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
         size = sizeof(struct call_rec);
     if (spec->flags & PROBE_STOP) {
         /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it */
-        if (events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP) != 0)
+        if (stop_target_and_emit(rec->pid, rec->time_ns, rec, size) != 0)
             count(CNT_CALL_LOST);
-        else
-            stop_target(rec->pid, rec->time_ns);
         return 0;
     }
     if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
@@ -286,10 +294,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
     if (!is_so || libs_seen.lookup(&h))
         return 0;
     FILL_HEAD(rec, REC_OPEN, id);
-    if (events.ringbuf_output(rec, sizeof(*rec), BPF_RB_FORCE_WAKEUP) != 0) {
+    if (stop_target_and_emit(tgid, rec->time_ns, rec, sizeof(*rec)) != 0) /* stopped before the library is mapped */
         count(CNT_OPEN_LOST);
-        return 0;
-    }
-    stop_target(tgid, rec->time_ns); /* before the library is mapped */
     return 0;
 }
