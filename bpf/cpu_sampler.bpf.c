@@ -203,7 +203,7 @@ struct uw_state {
     u64 sp;
     u64 bp;
     u32 n;      /* frames written to the sample so far */
-    u32 why;    /* UW_STOP_* once done, | UW_USED_FP */
+    u32 why;    /* UW_STOP_* once done, | UW_USED_FP, UW_USED_SCAN */
     u32 calls;  /* tail calls of uw_step so far */
     u8 scan_ok;   /* the walk may scan the stack past code without CFI (samples; not launch stacks) */
     u8 scan_now;  /* the step stopped at such code: scan before the next step */
@@ -369,8 +369,9 @@ static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *
     return rule;
 }
 
-/* The sample path as tail calls: on_sample -> uw_step (AIFLAME_UW_FRAMES frames each, as often as needed)
- * -> sample_finish. The agent fills this array with the two programs' descriptors. */
+/* The sample path as tail calls: on_sample -> uw_step (AIFLAME_UW_FRAMES frames each, as often as needed, with
+ * uw_scan between steps past code without CFI) -> sample_finish. The agent fills this array with the three
+ * programs' descriptors. */
 #define UW_PROG_STEP 0
 #define UW_PROG_FINISH 1
 #define UW_PROG_SCAN 2
@@ -385,9 +386,9 @@ BPF_PROG_ARRAY(uw_progs, 3);
 #define AIFLAME_UW_MAX_DEPTH AIFLAME_MAX_STACK  /* user frames a CFI walk records at most (--max-depth) */
 #endif
 
-/* A new walk from (pc, sp, bp); the rule cache in st is kept. */
-static __always_inline void uw_begin(struct uw_state *st, u64 pc, u64 sp, u64 bp, u8 scan_ok) {
-    st->tid = (u32)bpf_get_current_pid_tgid();
+/* A new walk of thread `tid` from (pc, sp, bp); the rule cache in st is kept. */
+static __always_inline void uw_begin(struct uw_state *st, u32 tid, u64 pc, u64 sp, u64 bp, u8 scan_ok) {
+    st->tid = tid;
     st->pc = pc;
     st->sp = sp;
     st->bp = bp;
@@ -665,7 +666,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
         /* the task's user registers: the interrupted ones when the sample hit user code (cs RPL 3), else those
          * saved at its entry to the kernel */
         if ((ctx->regs.cs & 3) == 3) {
-            uw_begin(st, ctx->regs.ip, ctx->regs.sp, ctx->regs.bp, 1);
+            uw_begin(st, (u32)id, ctx->regs.ip, ctx->regs.sp, ctx->regs.bp, 1);
         } else {
             struct pt_regs *regs =
                 (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
@@ -673,7 +674,7 @@ int on_sample(struct bpf_perf_event_data *ctx) {
             bpf_probe_read_kernel(&r[0], 8, &regs->ip);
             bpf_probe_read_kernel(&r[1], 8, &regs->sp);
             bpf_probe_read_kernel(&r[2], 8, &regs->bp);
-            uw_begin(st, r[0], r[1], r[2], 1);
+            uw_begin(st, (u32)id, r[0], r[1], r[2], 1);
         }
         st->target = target;
         if (st->pc)

@@ -142,12 +142,8 @@ int on_call(struct pt_regs *ctx) {
     rec->args[7] = top[0];
     if (spec->flags & PROBE_RET) {
         u32 tid = (u32)id;
-        struct uret_calls *u = uret_ras.lookup(&tid);
-        if (!u) {
-            struct uret_calls fresh = {};
-            uret_ras.update(&tid, &fresh);
-            u = uret_ras.lookup(&tid);
-        }
+        struct uret_calls fresh = {};
+        struct uret_calls *u = uret_ras.lookup_or_try_init(&tid, &fresh);
         if (u) {
             u32 i = u->n++ & (UW_URET_CALLS - 1);
             u->slot[i] = ctx->sp;
@@ -194,7 +190,7 @@ int on_call(struct pt_regs *ctx) {
     if (spec->flags & PROBE_STACK) {
         struct uw_state *st = uw_call_scratch.lookup(&zero);
         if (st && unwind_procs.lookup(&tgid)) {
-            uw_begin(st, ctx->ip, ctx->sp, ctx->bp, 0);  /* launch stacks: CFI and frame pointers only */
+            uw_begin(st, (u32)id, ctx->ip, ctx->sp, ctx->bp, 0);  /* launch stacks: CFI and frame pointers only */
             uw_call_progs.call(ctx, UW_PROG_STEP);
             count(CNT_UW_TAILCALL_FAIL);
         }
