@@ -228,7 +228,7 @@ class GpuCode(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., kind: _Optional[str] = ..., arch: _Optional[int] = ..., origin: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StallSample(_message.Message):
-    __slots__ = ("source", "pid", "device", "code", "kernel", "offset", "reason", "count", "correlation_id", "time_ns")
+    __slots__ = ("source", "pid", "device", "code", "kernel", "offset", "reason", "count", "correlation_id", "time_ns", "not_issued")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,7 @@ class StallSample(_message.Message):
     COUNT_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    NOT_ISSUED_FIELD_NUMBER: _ClassVar[int]
     source: str
     pid: int
     device: int
@@ -249,7 +250,8 @@ class StallSample(_message.Message):
     count: int
     correlation_id: int
     time_ns: int
-    def __init__(self, source: _Optional[str] = ..., pid: _Optional[int] = ..., device: _Optional[int] = ..., code: _Optional[str] = ..., kernel: _Optional[str] = ..., offset: _Optional[int] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ..., correlation_id: _Optional[int] = ..., time_ns: _Optional[int] = ...) -> None: ...
+    not_issued: bool
+    def __init__(self, source: _Optional[str] = ..., pid: _Optional[int] = ..., device: _Optional[int] = ..., code: _Optional[str] = ..., kernel: _Optional[str] = ..., offset: _Optional[int] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ..., correlation_id: _Optional[int] = ..., time_ns: _Optional[int] = ..., not_issued: _Optional[bool] = ...) -> None: ...
 
 class StallSamples(_message.Message):
     __slots__ = ("samples",)

@@ -143,12 +143,12 @@ def event_from_pb(m: pb.Event) -> RawEvent:
 def stall_to_pb(s: RawStallSample) -> pb.StallSample:
     return pb.StallSample(source=s.source, pid=s.pid, device=s.device, code=s.code, kernel=s.kernel,
                           offset=s.offset, reason=s.reason, count=s.count, correlation_id=s.correlation_id,
-                          time_ns=s.time_ns)
+                          time_ns=s.time_ns, not_issued=s.not_issued)
 
 
 def stall_from_pb(m: pb.StallSample) -> RawStallSample:
     return RawStallSample(m.source, m.pid, m.device, m.code, m.kernel, m.offset, m.reason, m.count,
-                          m.correlation_id, m.time_ns)
+                          m.correlation_id, m.time_ns, m.not_issued)
 
 
 STALL_BATCH = 4096  # samples per StallSamples record: bounded records, little framing

@@ -165,6 +165,9 @@ class RawStallSample:
     count: int  # samples
     correlation_id: int = 0  # the vendor's launch correlation id, 0 when none
     time_ns: int = 0  # CLOCK_MONOTONIC of the sample or its batch, 0 unknown
+    # In these samples the warp's scheduler issued no instruction at all (CUPTI's `<reason>_not_issued`, a subset
+    # of `<reason>`'s samples): a property of samples counted once under `reason`, never extra weight.
+    not_issued: bool = False
 
 
 @dataclass(slots=True)

@@ -82,7 +82,7 @@ class PprofExporter(Exporter):
                 m.label.add(key=k_pid, num=s.pid)
                 if s.pid in ranks:
                     m.label.add(key=k_rank, num=ranks[s.pid])
-            stall = next((f for f in reversed(s.stack) if f.kind == FrameKind.STALL), None)
+            stall = next((f for f in s.stack if f.kind == FrameKind.STALL), None)  # the reason, not `not issued`
             if stall is not None:
                 m.label.add(key=k_reason, str=strings(stall.name))
                 kernel = next((f for f in s.stack if f.kind == FrameKind.ACCEL_SOURCE), None)

@@ -4,13 +4,16 @@ Each stall sample (aiflame.core.raw.RawStallSample) becomes a model sample whose
 
     <CPU launch stack with Python> ; - ; <kernel>_[G] ; <file:line>_[G] ; <+offset instruction>_[g] ; <reason>_[g]
 
-weighted by stall samples. Launch stacks come from the capture's runtime events (symbolize/events.py): a sample
-whose vendor gave a launch correlation id goes to the launch with that id; otherwise a kernel's samples are
-shared over the stacks that launched it, in proportion to their launch counts (integer shares that keep every
-total exact). Samples of kernels never seen launched stay, under an explicit `[unknown launch]` frame. Kernel,
-source line and SASS text come from the cubins the capture stored (GpuCode records, by digest); without a code
-object the kernel and offset still show. Nothing is dropped silently: every fallback is counted in the
-profile's counters, which the summary prints.
+weighted by stall samples; samples in which no instruction issued (CUPTI's `<reason>_not_issued`, a subset of the
+reason's samples) end in one more frame, `not issued`_[g], under their reason: counted once, never added.
+
+Launch stacks come from the capture's runtime events (symbolize/events.py): a sample whose vendor gave a launch
+correlation id goes to the launch with that id; otherwise a kernel's samples are shared over the stacks that
+launched it, in proportion to their launch counts (integer shares that keep every total exact). Samples of
+kernels never seen launched stay, under an explicit `[unknown launch]` frame. Kernel, source line and SASS text
+come from the cubins the capture stored (GpuCode records, by digest); without a code object the kernel and
+offset still show. Nothing is dropped silently: every fallback is counted in the profile's counters, which the
+summary prints.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
 from aiflame.core.raw import Capture, GpuCode
@@ -47,6 +50,8 @@ UNKNOWN_LAUNCH = Frame("[unknown launch]", FrameKind.UNKNOWN)
 UNKNOWN_KERNEL = "[unknown kernel]"
 UNKNOWN_SOURCE = "[unknown source]"
 UNKNOWN_REASON = "[unknown reason]"
+NOT_ISSUED_FRAME = "not issued"
+_LEGACY_NOT_ISSUED = "_not_issued"  # captures before the split stored CUPTI's subsets as reasons of their own
 
 # Vendors' prefixes that only repeat what the layer says (Nsight Compute's metric names for CUPTI's reasons).
 _REASON_PREFIXES = ("smsp__pcsamp_warps_issue_stalled_", "smsp__pcsamp_", "warps_issue_stalled_")
@@ -175,6 +180,7 @@ class _Key:
     reason: str
     correlation_id: int
     source: str
+    not_issued: bool = False
 
 
 def _gpu_frames(key: _Key, names: dict[str, str], index: CodeIndex) -> tuple[str, Stack]:
@@ -195,7 +201,26 @@ def _gpu_frames(key: _Key, names: dict[str, str], index: CodeIndex) -> tuple[str
         sframe = Frame(UNKNOWN_SOURCE, FrameKind.ACCEL_SOURCE, module=key.source)
     iframe = Frame(instruction_label(key.offset, text), FrameKind.ACCEL_INSTR, module=key.source)
     rframe = Frame(reason_label(key.reason), FrameKind.STALL, module=key.source)
+    if key.not_issued:
+        return kname, (kframe, sframe, iframe, rframe, Frame(NOT_ISSUED_FRAME, FrameKind.STALL, module=key.source))
     return kname, (kframe, sframe, iframe, rframe)
+
+
+def _split_legacy_not_issued(agg: Counter[_Key], counters: Counter[str]) -> None:
+    """Captures written before aiflame split CUPTI's `<reason>_not_issued` hold it as samples of a reason of its
+    own, next to its reason's full count: move it under its reason (as the not-issued part), so that a sample
+    counts once in those captures too."""
+    legacy = [k for k in agg if k.source == "cupti" and not k.not_issued and k.reason.endswith(_LEGACY_NOT_ISSUED)]
+    for k in legacy:
+        base = replace(k, reason=k.reason[:-len(_LEGACY_NOT_ISSUED)])
+        if base not in agg:
+            continue  # no such reason beside it: a reason of its own after all
+        m = agg.pop(k)
+        agg[base] -= min(m, agg[base])
+        if not agg[base]:
+            del agg[base]
+        agg[replace(base, not_issued=True)] += m
+        counters["stall_legacy_not_issued"] += m
 
 
 def _launch_tables(events: list[TraceEvent]) -> tuple[
@@ -243,17 +268,19 @@ def stall_profile(
         if s.count <= 0:
             counters["stall_records_empty"] += 1
             continue
-        key = _Key(s.pid, s.kernel, s.code, s.offset, s.reason, s.correlation_id, s.source)
+        key = _Key(s.pid, s.kernel, s.code, s.offset, s.reason, s.correlation_id, s.source, s.not_issued)
         agg[key] += s.count
         if s.time_ns and key not in first_time:
             first_time[key] = s.time_ns
+    _split_legacy_not_issued(agg, counters)
     index = index or CodeIndex(cap.gpu_code, sass=sass, cache_dir=cache_dir)
     names = demangle({k.kernel for k in agg if k.kernel})
     by_pid, by_name, by_corr = _launch_tables(prof.events)
 
     # Group leaf paths per kernel (and pid) so each kernel's samples are shared over its launch stacks at once.
     groups: dict[tuple[int, str], list[tuple[_Key, Stack, int]]] = defaultdict(list)
-    for key in sorted(agg, key=lambda k: (k.pid, k.kernel, k.code, k.offset, k.reason, k.correlation_id)):
+    for key in sorted(agg, key=lambda k: (k.pid, k.kernel, k.code, k.offset, k.reason, k.correlation_id,
+                                          k.not_issued)):
         n = agg[key]
         counters["stall_samples"] += n
         kname, gpu = _gpu_frames(key, names, index)

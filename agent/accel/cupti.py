@@ -22,10 +22,11 @@ from aiflame.agent.accel.cupti_build import CuptiBuildError, CuptiInstall, build
 from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
 from aiflame.core.raw import GpuCode, RawStallSample
 from aiflame.core.safe_files import FileRefused, OutputDir, read_regular
+from aiflame.symbolize.accel.cubin import cubin_arch
 from aiflame.symbolize.vendor.cupti_stream import CuptiStream, CuptiStreamError, parse_stream
 
 __all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti",
-           "stalls_from_stream"]
+           "reason_counts", "stalls_from_stream"]
 
 STREAM_PREFIX = ".cupti-"  # + random: one private stream directory per capture, in its output directory
 NO_CUPTI = ("NVIDIA stall samples need NVIDIA's CUPTI: `pip install nvidia-cuda-cupti` into aiflame's "
@@ -85,24 +86,18 @@ def stalls_from_stream(s: CuptiStream) -> tuple[list[RawStallSample], list[GpuCo
         digest = hashlib.sha256(c.data).hexdigest()
         if c.crc not in digests:
             digests[c.crc] = digest
-            code.append(GpuCode(digest, "cubin", _cubin_arch(c.data), f"memory of pid {s.pid} (CUPTI)", c.data))
+            code.append(GpuCode(digest, "cubin", cubin_arch(c.data), f"memory of pid {s.pid} (CUPTI)", c.data))
     samples: list[RawStallSample] = []
     for b in s.batches:
         table = s.reasons.get(b.ctx, {})
         device = s.devices.get(b.ctx, -1)
         for pc in b.pcs:
             digest = digests.get(pc.crc, "")
-            for idx, n in pc.reasons:
-                if n == 0:
-                    continue
-                reason = table.get(idx)
-                if reason is None:
-                    reason = f"stall_reason_{idx}"
-                    counts["cupti_unknown_reason_samples"] += n
+            for reason, n, not_issued in reason_counts(pc.reasons, table, counts):
                 if not digest:
                     counts["cupti_samples_without_cubin"] += n
                 samples.append(RawStallSample("cupti", s.pid, device, digest, pc.function, pc.pc_offset, reason, n,
-                                              pc.correlation_id, b.time_ns))
+                                              pc.correlation_id, b.time_ns, not_issued))
                 counts["cupti_samples"] += n
         counts["cupti_dropped_samples"] += b.dropped_samples
         counts["cupti_hw_buffer_full"] += int(b.hardware_buffer_full)
@@ -113,12 +108,45 @@ def stalls_from_stream(s: CuptiStream) -> tuple[list[RawStallSample], list[GpuCo
     return samples, code, counts
 
 
-def _cubin_arch(data: bytes) -> int:
-    """SM of a cubin from its ELF e_flags (0 when it is not a 64-bit ELF)."""
-    if len(data) < 52 or data[:4] != b"\x7fELF" or data[4] != 2:
-        return 0
-    flags = int.from_bytes(data[48:52], "little")
-    return flags & 0xFF if data[8] <= 6 else (flags >> 8) & 0xFF  # e_ident ABI version: old vs new layout
+NOT_ISSUED = "_not_issued"
+
+
+def reason_counts(pairs: Iterable[tuple[int, int]], table: Mapping[int, str], counts: Counter[str]
+                  ) -> list[tuple[str, int, bool]]:
+    """One PC record's (reason, samples, not issued) by CUPTI's definitions: `<reason>_not_issued` counts the
+    subset of `<reason>`'s samples in which the scheduler issued no instruction, so it splits `<reason>` into an
+    issued and a not-issued part instead of adding samples (each sample counts once). A `_not_issued` count above
+    its reason's (never seen) counts in full and is counted in `cupti_not_issued_over_reason`. Reason indices
+    missing from the context's table read `stall_reason_<index>` (counted)."""
+    by_name: dict[str, int] = {}
+    for idx, n in pairs:
+        if n == 0:
+            continue
+        name = table.get(idx)
+        if name is None:
+            name = f"stall_reason_{idx}"
+            counts["cupti_unknown_reason_samples"] += n
+        by_name[name] = by_name.get(name, 0) + n
+    names = set(table.values())
+    out: list[tuple[str, int, bool]] = []
+    for name, n in by_name.items():
+        if name.endswith(NOT_ISSUED) and name[:-len(NOT_ISSUED)] in names:
+            continue  # taken with its reason below
+        sub = by_name.get(name + NOT_ISSUED, 0) if name + NOT_ISSUED in names else 0
+        if sub > n:
+            counts["cupti_not_issued_over_reason"] += sub - n
+        if n > sub:
+            out.append((name, n - sub, False))
+        if sub:
+            out.append((name, sub, True))
+            counts["cupti_not_issued_samples"] += sub
+    for name, sub in by_name.items():  # a not-issued count whose reason has no samples at this PC
+        base = name[:-len(NOT_ISSUED)]
+        if name.endswith(NOT_ISSUED) and base in names and base not in by_name:
+            counts["cupti_not_issued_over_reason"] += sub
+            counts["cupti_not_issued_samples"] += sub
+            out.append((base, sub, True))
+    return out
 
 
 class StreamDir:

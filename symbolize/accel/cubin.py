@@ -26,7 +26,7 @@ from aiflame.symbolize.objfmt.dwarf_forms import DWARF_ERRORS
 from aiflame.symbolize.objfmt.dwarf_program import parse_line_header, run_line_program
 from aiflame.symbolize.objfmt.elf_format import Reader, Section, extended_counts, parse_header, read_sections
 
-__all__ = ["EM_CUDA", "Cubin", "CubinError", "CubinLines", "Kernel", "LineRange", "parse_cubin"]
+__all__ = ["EM_CUDA", "Cubin", "CubinError", "CubinLines", "Kernel", "LineRange", "cubin_arch", "parse_cubin"]
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,18 @@ def parse_cubin(data: bytes, *, label: str = "cubin", digest: str | None = None)
         raise
     except SymbolizeError as e:
         raise CubinError(str(e)) from None
-    (e_flags,) = struct.unpack_from("<I", data, 0x30)
-    arch = e_flags & 0xFF if data[8] <= _ELFABIVERSION_CUDA_V1 else (e_flags >> 8) & 0xFF
-    cubin = Cubin(data, label, arch, sections, [], {}, digest or hashlib.sha256(data).hexdigest())
+    cubin = Cubin(data, label, cubin_arch(data), sections, [], {}, digest or hashlib.sha256(data).hexdigest())
     cubin._symbols = _read_symbols(cubin)
     cubin.kernels = _find_kernels(cubin)
     return cubin
+
+
+def cubin_arch(data: bytes) -> int:
+    """The SM a cubin is for, from its ELF header's e_flags (0 when `data` is not a 64-bit ELF)."""
+    if len(data) < 52 or data[:4] != b"\x7fELF" or data[4] != 2:
+        return 0
+    (e_flags,) = struct.unpack_from("<I", data, 0x30)
+    return e_flags & 0xFF if data[8] <= _ELFABIVERSION_CUDA_V1 else (e_flags >> 8) & 0xFF
 
 
 def _read_symbols(cubin: Cubin) -> list[_Sym]:

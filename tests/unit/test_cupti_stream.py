@@ -247,3 +247,53 @@ def test_planted_files_in_the_stream_directory_are_refused_fast(tmp_path: Path) 
     assert res.counters.get("cupti_streams_unreadable") == 3 and res.processes == 0
     assert any("not a regular file" in w for w in res.warnings), res.warnings
     assert any("more than the" in w for w in res.warnings), res.warnings
+
+
+def _not_issued_stream(pairs: list[tuple[int, int]]) -> bytes:
+    names = [(0, "smsp__pcsamp_warps_issue_stalled_long_scoreboard"),
+             (1, "smsp__pcsamp_warps_issue_stalled_long_scoreboard_not_issued"),
+             (2, "smsp__pcsamp_warps_issue_stalled_selected"),
+             (3, "smsp__pcsamp_warps_issue_stalled_wait"), (4, "smsp__pcsamp_warps_issue_stalled_wait_not_issued")]
+    table = struct.pack("<II", 1, len(names)) + b"".join(struct.pack("<I", i) + _str(n) for i, n in names)
+    return (_header() + _rec(RecordType.CONTEXT, struct.pack("<IIQ", 1, 0, 9)) + _rec(RecordType.REASONS, table)
+            + _rec(RecordType.PCS, _pcs(1, [(77, 0x40, "_Z1kv", pairs)])) + _rec(RecordType.END, b""))
+
+
+def test_not_issued_is_a_subset_of_its_reason_not_extra_samples() -> None:
+    """CUPTI: `<reason>_not_issued` counts those of `<reason>`'s samples in which no instruction issued. The H200's
+    mlp summary read long_scoreboard 28 %, long_scoreboard_not_issued 26 %: the same samples counted twice."""
+    s = parse_stream(_not_issued_stream([(0, 10), (1, 7), (2, 5), (3, 4), (4, 4)]))
+    samples, _code, counts = stalls_from_stream(s)
+    got = [(x.reason.rsplit("_stalled_", 1)[1], x.count, x.not_issued) for x in samples]
+    assert got == [("long_scoreboard", 3, False), ("long_scoreboard", 7, True), ("selected", 5, False),
+                   ("wait", 4, True)]
+    assert counts["cupti_samples"] == 19 == 10 + 5 + 4
+    assert counts["cupti_not_issued_samples"] == 11 and not counts["cupti_not_issued_over_reason"]
+
+
+def test_not_issued_above_or_without_its_reason_counts_once_and_is_counted() -> None:
+    s = parse_stream(_not_issued_stream([(0, 2), (1, 5), (4, 3)]))
+    samples, _code, counts = stalls_from_stream(s)
+    assert [(x.reason.rsplit("_stalled_", 1)[1], x.count, x.not_issued) for x in samples] == [
+        ("long_scoreboard", 5, True), ("wait", 3, True)]
+    assert counts["cupti_not_issued_over_reason"] == 3 + 3 and counts["cupti_samples"] == 8
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 1000)), max_size=12))
+def test_reason_counts_never_add_samples(pairs: list[tuple[int, int]]) -> None:
+    """Whatever CUPTI reports, the samples kept are each reason's count (or its not-issued count, when larger):
+    never the two added."""
+    from collections import Counter
+
+    from aiflame.agent.accel.cupti import reason_counts
+
+    table = {0: "a", 1: "a_not_issued", 2: "b", 3: "b_not_issued", 4: "c_not_issued"}
+    out = reason_counts(pairs, table, Counter())
+    per: Counter[str] = Counter()
+    for idx, n in pairs:
+        per[table.get(idx, f"stall_reason_{idx}")] += n
+    want = max(per["a"], per["a_not_issued"]) + max(per["b"], per["b_not_issued"]) + per["c_not_issued"] \
+        + per["stall_reason_5"]
+    assert sum(n for _r, n, _ni in out) == want
+    assert all(n > 0 for _r, n, _ni in out)
+    assert {r for r, _n, ni in out if ni} <= {"a", "b"}

@@ -170,3 +170,27 @@ def test_diffusion_keeps_leaves_exact_and_stacks_near_share(counts: list[int], w
     total = sum(counts)
     for got, w in zip(per_stack, weights, strict=True):
         assert abs(got - total * w / sum(weights)) <= 1
+
+
+def test_not_issued_samples_are_a_frame_under_their_reason(cubin90: GpuCode) -> None:
+    stalls = [RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB, 3, correlation_id=42),
+              RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB, 7, correlation_id=42,
+                             not_issued=True)]
+    prof = stall_profile(_cap(stalls, [cubin90]), Profile(events=_launches()), sass=False)
+    assert prof.total_weight == 10
+    leaves = sorted((tuple(f.name for f in s.stack[-2:]), s.weight) for s in prof.samples)
+    assert leaves == [(("+0x0040", "long_scoreboard"), 3), (("long_scoreboard", "not issued"), 7)]
+
+
+def test_legacy_captures_count_not_issued_once(cubin90: GpuCode) -> None:
+    """Captures written before the split hold `<reason>_not_issued` as a reason beside the reason's full count
+    (as the H200's mlp capture did): read, it becomes the not-issued part of its reason."""
+    stalls = [RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB, 10, correlation_id=42),
+              RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB + "_not_issued", 7,
+                             correlation_id=42),
+              RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x50, WAIT + "_not_issued", 2, correlation_id=42)]
+    prof = stall_profile(_cap(stalls, [cubin90]), Profile(events=_launches()), sass=False)
+    assert prof.total_weight == 12 and prof.counters["stall_legacy_not_issued"] == 7
+    leaves = sorted((tuple(f.name for f in s.stack[-2:]), s.weight) for s in prof.samples)
+    assert leaves == [(("+0x0040", "long_scoreboard"), 3), (("+0x0050", "wait_not_issued"), 2),
+                      (("long_scoreboard", "not issued"), 7)]
