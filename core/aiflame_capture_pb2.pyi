@@ -214,18 +214,22 @@ class Event(_message.Message):
     def __init__(self, runtime: _Optional[str] = ..., call: _Optional[str] = ..., kind: _Optional[str] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., user: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., py: _Optional[_Iterable[_Union[PyFrame, _Mapping]]] = ..., py_flags: _Optional[int] = ..., args: _Optional[_Mapping[str, int]] = ..., strs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GpuCode(_message.Message):
-    __slots__ = ("digest", "kind", "arch", "origin", "data")
+    __slots__ = ("digest", "kind", "arch", "origin", "data", "size", "offset")
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     digest: str
     kind: str
     arch: int
     origin: str
     data: bytes
-    def __init__(self, digest: _Optional[str] = ..., kind: _Optional[str] = ..., arch: _Optional[int] = ..., origin: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    size: int
+    offset: int
+    def __init__(self, digest: _Optional[str] = ..., kind: _Optional[str] = ..., arch: _Optional[int] = ..., origin: _Optional[str] = ..., data: _Optional[bytes] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class StallSample(_message.Message):
     __slots__ = ("source", "pid", "device", "code", "kernel", "offset", "reason", "count", "correlation_id", "time_ns", "not_issued")

@@ -40,7 +40,11 @@ from aiflame.core.safe_files import FileRefused, OutputDir
 
 MAGIC = b"AIFLCAP\n"
 FORMAT_VERSION = 1
-MAX_RECORD = 64 << 20  # no single record is near this; larger means a corrupt length
+# The largest record the writer writes and the reader takes (records are held whole in memory to decode). Code
+# objects are split into pieces of MAX_PIECE (torch's modules hold cubins of over 64 MiB), stall batches end at
+# STALL_BATCH samples or STALL_BATCH_BYTES, and any other record passing the limit is refused by the writer.
+MAX_RECORD = 64 << 20
+MAX_PIECE = 16 << 20
 
 
 class CaptureError(BadInput):
@@ -152,6 +156,7 @@ def stall_from_pb(m: pb.StallSample) -> RawStallSample:
 
 
 STALL_BATCH = 4096  # samples per StallSamples record: bounded records, little framing
+STALL_BATCH_BYTES = 8 << 20  # ... and at most about this many bytes (kernel names can be kilobytes long)
 
 
 class CaptureWriter:
@@ -182,6 +187,9 @@ class CaptureWriter:
 
     def _write(self, rec: pb.Record) -> None:
         data = rec.SerializeToString()
+        if len(data) > MAX_RECORD:
+            raise CaptureError(f"cannot write {self.path}: a {rec.WhichOneof('body')} record of {len(data)} bytes "
+                               f"passes the {MAX_RECORD >> 20} MiB record limit")
         self._f.write(_varint(len(data)))
         self._f.write(data)
 
@@ -198,12 +206,15 @@ class CaptureWriter:
     def add_stalls(self, samples: Iterable[RawStallSample]) -> None:
         """Store accelerator stall samples (batched into StallSamples records)."""
         batch = pb.StallSamples()
+        size = 0
         for s in samples:
             batch.samples.append(stall_to_pb(s))
-            if len(batch.samples) >= STALL_BATCH:
+            size += 64 + len(s.kernel) + len(s.reason) + len(s.code)
+            if len(batch.samples) >= STALL_BATCH or size >= STALL_BATCH_BYTES:
                 self._write(pb.Record(stalls=batch))
                 self.stalls_written += len(batch.samples)
                 batch = pb.StallSamples()
+                size = 0
         if batch.samples:
             self._write(pb.Record(stalls=batch))
             self.stalls_written += len(batch.samples)
@@ -213,8 +224,17 @@ class CaptureWriter:
         if c.digest in self._gpu_digests:
             return False
         self._gpu_digests.add(c.digest)
-        self._write(pb.Record(gpu_code=pb.GpuCode(digest=c.digest, kind=c.kind, arch=c.arch, origin=c.origin,
-                                                  data=c.data)))
+        if len(c.data) <= MAX_PIECE:
+            self._write(pb.Record(gpu_code=pb.GpuCode(digest=c.digest, kind=c.kind, arch=c.arch, origin=c.origin,
+                                                      data=c.data)))
+            return True
+        view = memoryview(c.data)
+        for off in range(0, len(c.data), MAX_PIECE):
+            first = off == 0
+            self._write(pb.Record(gpu_code=pb.GpuCode(
+                digest=c.digest, kind=c.kind if first else "", arch=c.arch if first else 0,
+                origin=c.origin if first else "", data=bytes(view[off:off + MAX_PIECE]),
+                size=len(c.data) if first else 0, offset=off)))
         return True
 
     def add_process(self, p: ProcessSnapshot) -> None:
@@ -276,15 +296,16 @@ class _Cut(CaptureError):
 
 def iter_records(data: bytes, name: str = "capture", *, partial: bool = False) -> Iterator[pb.Record]:
     """Decode the records of a capture held in memory; raises CaptureError on anything malformed. With `partial`,
-    data that ends inside a record ends the records instead (what a killed writer leaves)."""
+    data that ends inside a record ends the records instead (what a killed writer leaves), and a whole record
+    over MAX_RECORD (older writers stored large cubins whole) is taken, so that `recover` can rewrite it."""
     try:
-        yield from _records(data, name)
+        yield from _records(data, name, oversize=partial)
     except _Cut:
         if not partial:
             raise
 
 
-def _records(data: bytes, name: str) -> Iterator[pb.Record]:
+def _records(data: bytes, name: str, *, oversize: bool) -> Iterator[pb.Record]:
     if not data.startswith(MAGIC):
         raise CaptureError(f"{name}: not an aiflame capture (bad magic)")
     pos, n = len(MAGIC), len(data)
@@ -302,10 +323,12 @@ def _records(data: bytes, name: str) -> Iterator[pb.Record]:
                 break
             if shift > 63:
                 raise CaptureError(f"{name}: corrupt record length at record {idx}")
-        if length > MAX_RECORD:
-            raise CaptureError(f"{name}: truncated at record {idx}")
         if pos + length > n:
             raise _Cut(f"{name}: truncated at record {idx}")
+        if length > MAX_RECORD and not oversize:
+            raise CaptureError(f"{name}: record {idx} is {length} bytes, over the {MAX_RECORD >> 20} MiB a record "
+                               "may hold (an older aiflame stored large cubins whole): "
+                               f"`aiflame recover {name}` rewrites it")
         rec = pb.Record()
         try:
             rec.ParseFromString(data[pos:pos + length])
@@ -320,6 +343,26 @@ def _pb_mapping(m: pb.Mapping) -> Mapping:
     return Mapping(m.start, m.end, m.file_offset, m.path, m.build_id, m.perms)
 
 
+def _add_gpu_code(cap: Capture, g: pb.GpuCode, pieces: dict[str, tuple[pb.GpuCode, bytearray]], name: str) -> None:
+    """Take one GpuCode record: a whole object, or a piece of one split by the writer (joined in `pieces` until
+    complete; one whose pieces stop early, in a capture cut short, is left out)."""
+    if not g.size and not g.offset:
+        cap.gpu_code.append(GpuCode(g.digest, g.kind, g.arch, g.origin, bytes(g.data)))
+        return
+    if g.offset == 0:
+        if g.size > MAX_RECORD << 4:
+            raise CaptureError(f"{name}: corrupt capture (a code object of {g.size} bytes)")
+        pieces[g.digest] = (g, bytearray())
+    head = pieces.get(g.digest)
+    if head is None or len(head[1]) != g.offset or g.offset + len(g.data) > head[0].size:
+        raise CaptureError(f"{name}: corrupt capture (code object {g.digest[:12]}: a piece out of order)")
+    first, buf = head
+    buf += g.data
+    if len(buf) == first.size:
+        del pieces[g.digest]
+        cap.gpu_code.append(GpuCode(first.digest, first.kind, first.arch, first.origin, bytes(buf)))
+
+
 def read_capture(path: Path, *, partial: bool = False) -> Capture:
     """Read a whole capture file; CaptureError for missing, foreign, newer, truncated or corrupt files. With
     `partial`, a capture cut short (no footer, a last record cut off) reads up to its last whole record, with
@@ -332,6 +375,7 @@ def read_capture(path: Path, *, partial: bool = False) -> Capture:
     except OSError as e:
         raise CaptureError(f"{name}: {e.strerror}") from None
     cap: Capture | None = None
+    pieces: dict[str, tuple[pb.GpuCode, bytearray]] = {}  # code objects split over records, being joined
     for i, rec in enumerate(iter_records(data, name, partial=partial)):
         which = rec.WhichOneof("body")
         if i == 0:
@@ -371,8 +415,7 @@ def read_capture(path: Path, *, partial: bool = False) -> Capture:
         elif which == "event":
             cap.events.append(event_from_pb(rec.event))
         elif which == "gpu_code":
-            g = rec.gpu_code
-            cap.gpu_code.append(GpuCode(g.digest, g.kind, g.arch, g.origin, bytes(g.data)))
+            _add_gpu_code(cap, rec.gpu_code, pieces, name)
         elif which == "stalls":
             cap.stalls.extend(stall_from_pb(m) for m in rec.stalls.samples)
         elif which == "kernel_symbols":
