@@ -28,10 +28,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console()
     status = doctor(console)
+    nvidia(console)
     daemon_hardening(console)
     if args.pid is not None:
         unwind_coverage(console, args.pid)
     return status
+
+
+def nvidia(console: Console) -> None:
+    """NVIDIA stall sampling on this host: driver, CUDA, GPUs, profiling permission, CUPTI and the collector's
+    build (informational: a host without a GPU is ready to profile CPUs and to read GPU captures)."""
+    from aiflame.agent.accel.nvidia_host import nvidia_checks
+
+    table = Table(title="NVIDIA GPU stall sampling", title_justify="left")
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in nvidia_checks():
+        table.add_row(c.name, "[green]ok[/]" if c.ok else "[yellow]no[/]", c.detail, c.fix)
+    console.print(table)
 
 
 def daemon_hardening(console: Console) -> None:

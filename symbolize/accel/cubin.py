@@ -188,7 +188,7 @@ def cubin_arch(data: bytes) -> int:
     if len(data) < 52 or data[:4] != b"\x7fELF" or data[4] != 2:
         return 0
     (e_flags,) = struct.unpack_from("<I", data, 0x30)
-    return e_flags & 0xFF if data[8] <= _ELFABIVERSION_CUDA_V1 else (e_flags >> 8) & 0xFF
+    return int(e_flags & 0xFF if data[8] <= _ELFABIVERSION_CUDA_V1 else (e_flags >> 8) & 0xFF)
 
 
 def _read_symbols(cubin: Cubin) -> list[_Sym]:
