@@ -297,3 +297,29 @@ def test_reason_counts_never_add_samples(pairs: list[tuple[int, int]]) -> None:
     assert sum(n for _r, n, _ni in out) == want
     assert all(n > 0 for _r, n, _ni in out)
     assert {r for r, _n, ni in out if ni} <= {"a", "b"}
+
+
+REAL = Path(__file__).resolve().parent.parent / "data" / "cupti" / "h100-two_kernels.stream"
+
+
+def test_a_real_h100_stream_counts_each_sample_once() -> None:
+    """On the real stream (tests/data/cupti/README.md) CUPTI's own batch total equals the samples of the plain
+    reasons: the `_not_issued` counts are extra, a subset of their reason's, and must not be added."""
+    s = parse_stream(REAL.read_bytes(), REAL.name)
+    assert s.complete and not s.problems and not s.errors and s.info["state"] == "subscribed"
+    (table,) = s.reasons.values()
+    assert len(table) == 40 and "smsp__pcsamp_warps_issue_stalled_long_scoreboard_not_issued" in table.values()
+    subsets = 0
+    for b in s.batches:
+        for pc in b.pcs:
+            per = {table[i]: n for i, n in pc.reasons}
+            for name, n in per.items():
+                if name.endswith("_not_issued"):
+                    assert n <= per.get(name.removesuffix("_not_issued"), 0)
+                    subsets += 1
+    assert subsets > 20
+    samples, code, counts = stalls_from_stream(s)
+    assert counts["cupti_samples"] == sum(b.total_samples for b in s.batches) == 12954
+    assert sum(x.count for x in samples) == 12954 and counts["cupti_not_issued_samples"] == 2209
+    assert {x.kernel for x in samples} == {"_Z11stream_axpyPK6float4PS_fm", "_Z9fma_chainPfi"}
+    assert len(code) == 1 and code[0].arch == 90 and all(x.code == code[0].digest for x in samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -194,3 +195,33 @@ def test_legacy_captures_count_not_issued_once(cubin90: GpuCode) -> None:
     leaves = sorted((tuple(f.name for f in s.stack[-2:]), s.weight) for s in prof.samples)
     assert leaves == [(("+0x0040", "long_scoreboard"), 3), (("+0x0050", "wait_not_issued"), 2),
                       (("long_scoreboard", "not issued"), 7)]
+
+
+def test_real_h100_stream_symbolizes_every_sample() -> None:
+    """The real stream (tests/data/cupti/README.md) through the stall view: every sample lands on a kernel of the
+    cubin CUPTI handed over, at an instruction nvdisasm prints and a line of two_kernels.cu; not-issued samples
+    sit under their reason; the total is CUPTI's own batch total."""
+    from pathlib import Path
+
+    from aiflame.agent.accel.cupti import stalls_from_stream
+    from aiflame.symbolize.vendor.cupti_stream import parse_stream
+
+    path = Path(__file__).resolve().parent.parent / "data" / "cupti" / "h100-two_kernels.stream"
+    s = parse_stream(path.read_bytes())
+    samples, code, _ = stalls_from_stream(s)
+    launches = [TraceEvent(k, EventKind.COMPUTE, 0, pid=s.pid, stack=_stack("main", f"launch_{k}", "cudaLaunchKernel"))
+                for k in ("stream_axpy", "fma_chain")]
+    prof = stall_profile(_cap(samples, code), Profile(events=launches))
+    assert prof.total_weight == sum(b.total_samples for b in s.batches) == 12954
+    assert find_nvdisasm() is not None, "make setup installs nvidia-cuda-nvdisasm"
+    by_kernel: Counter[str] = Counter()
+    for smp in prof.samples:
+        names = [f.name for f in smp.stack]
+        gpu = names[names.index("-") + 1:]
+        assert names[1] == f"launch_{gpu[0]}"
+        assert gpu[1].startswith("two_kernels.cu:") and int(gpu[1].split(":")[1]) > 0
+        assert re.fullmatch(r"\+0x[0-9a-f]{4} (@!?U?P[0-7T] )?[A-Z][A-Z0-9.]* ?.*", gpu[2]), gpu[2]
+        assert len(gpu) == 4 or gpu[4] == "not issued"
+        by_kernel[gpu[0]] += smp.weight
+    assert set(by_kernel) == {"stream_axpy", "fma_chain"}
+    assert sum(w for smp in prof.samples for w in [smp.weight] if smp.stack[-1].name == "not issued") == 2209
