@@ -85,6 +85,7 @@ _STALL_COUNTERS = (
     ("stall_xe_unmapped", "at Xe IPs no launched kernel covers"),
     ("stall_no_source", "without a source line (no code object or line info)"),
     ("stall_shared_by_launches", "shared over several launch stacks"),
+    ("cupti_not_issued_samples", "in which no instruction issued (counted once, under their reason)"),
     ("stall_by_correlation", "attributed by correlation id"),
 )
 
@@ -128,6 +129,6 @@ def print_stalls(console: Console, stalls: Profile, top: int = 10, per_kernel: i
     drops = sorted((k, v) for k, v in c.items() if v and k.startswith(("stall_", "cupti", "xe_", "rocprof"))
                    and k not in dict(_STALL_COUNTERS) and k != "stall_samples")
     if parts:
-        console.print("stall samples: " + "; ".join(parts), highlight=False)
+        console.print("stall samples: " + "; ".join(parts), highlight=False, markup=False)
     if drops:
         console.print("accelerator sampling counters: " + "  ".join(f"{k} {v}" for k, v in drops), highlight=False)

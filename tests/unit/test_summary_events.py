@@ -26,3 +26,16 @@ def test_tables_total_per_key() -> None:
     assert "cudaDeviceSynchronize 2 4.000 3.000" in lines
     ranks = [line for line in lines if line.startswith("rank ")]
     assert ranks == ["rank 0 allreduce 1 2.0 KiB 2.000", "rank 1 allreduce 1 2.0 KiB 2.000"]
+
+
+def test_stall_counters_keep_their_bracketed_names() -> None:
+    """On the H100 the line read `14586 under  (kernel never seen launched)`: rich took `[unknown launch]` for
+    markup."""
+    from aiflame.cli.summary_events import print_stalls
+
+    console = Console(width=200, record=True)
+    print_stalls(console, Profile(unit="stall samples", counters={"stall_unknown_launch": 7,
+                                                                   "cupti_not_issued_samples": 3}))
+    text = console.export_text()
+    assert "7 under [unknown launch] (kernel never seen launched)" in text
+    assert "3 in which no instruction issued (counted once, under their reason)" in text
