@@ -91,7 +91,7 @@ def import_records(
         from aiflame.symbolize.vendor.cupti_stream import parse_stream
 
         for path in records:
-            stream = parse_stream(_read(path), name=str(path))
+            stream = parse_stream(_read(path), name=str(path), keep_pcs=False)
             samples, cubins, counts = stalls_from_stream(stream)
             stalls.extend(s if not pid else _with_pid(s, pid) for s in samples)
             code.extend(cubins)

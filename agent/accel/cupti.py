@@ -78,7 +78,10 @@ class CuptiResult:
 def stalls_from_stream(s: CuptiStream) -> tuple[list[RawStallSample], list[GpuCode], Counter[str]]:
     """One stream's stall samples and cubins. Nothing is dropped: a sample whose cubin was not captured keeps
     code "" and one whose reason index is not in its context's table gets the name `stall_reason_<index>`;
-    both are counted."""
+    both are counted.
+
+    Samples of the same instruction, reason and launch come summed over the stream's batches (the reader's
+    `totals`; each keeps the time of the first batch that had it)."""
     counts: Counter[str] = Counter()
     digests: dict[int, str] = {}
     code: list[GpuCode] = []
@@ -88,17 +91,16 @@ def stalls_from_stream(s: CuptiStream) -> tuple[list[RawStallSample], list[GpuCo
             digests[c.crc] = digest
             code.append(GpuCode(digest, "cubin", cubin_arch(c.data), f"memory of pid {s.pid} (CUPTI)", c.data))
     samples: list[RawStallSample] = []
+    for (ctx, crc, offset, function, corr), tot in s.totals.items():
+        digest = digests.get(crc, "")
+        device = s.devices.get(ctx, -1)
+        for reason, n, not_issued in reason_counts(tot.reasons.items(), s.reasons.get(ctx, {}), counts):
+            if not digest:
+                counts["cupti_samples_without_cubin"] += n
+            samples.append(RawStallSample("cupti", s.pid, device, digest, function, offset, reason, n, corr,
+                                          tot.time_ns, not_issued))
+            counts["cupti_samples"] += n
     for b in s.batches:
-        table = s.reasons.get(b.ctx, {})
-        device = s.devices.get(b.ctx, -1)
-        for pc in b.pcs:
-            digest = digests.get(pc.crc, "")
-            for reason, n, not_issued in reason_counts(pc.reasons, table, counts):
-                if not digest:
-                    counts["cupti_samples_without_cubin"] += n
-                samples.append(RawStallSample("cupti", s.pid, device, digest, pc.function, pc.pc_offset, reason, n,
-                                              pc.correlation_id, b.time_ns, not_issued))
-                counts["cupti_samples"] += n
         counts["cupti_dropped_samples"] += b.dropped_samples
         counts["cupti_hw_buffer_full"] += int(b.hardware_buffer_full)
     for name in ("samples_dropped", "pcs_dropped", "batches_dropped", "cubins_dropped", "getdata_errors",
@@ -226,7 +228,7 @@ class CuptiCollector:
         for name in self.streams.streams():
             path = self.stream_dir / name
             try:
-                stream = parse_stream(self.streams.read(name, limit), name)
+                stream = parse_stream(self.streams.read(name, limit), name, keep_pcs=False)
             except (OSError, CuptiStreamError, FileRefused) as e:
                 res.warnings.append(f"{path}: {e.strerror}" if isinstance(e, OSError) else str(e))
                 counts["cupti_streams_unreadable"] += 1

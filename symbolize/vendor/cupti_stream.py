@@ -7,9 +7,12 @@ Format version 1, little-endian (the C file's header comment is the other half o
     header  "AIFLCUPT" u16 version u16 header_size u32 pid u64 start_ns
     record  u16 type u16 flags u32 payload_size, payload      str = u16 length + bytes
 
-A stream cut short (the process was killed) reads up to its last whole record and says so (`complete` is
-False). A record whose payload does not match its type is skipped and named in `problems`; a foreign file or
-an unknown version raises CuptiStreamError.
+PC records are summed as they are read into `totals`, per context, cubin, instruction, function and launch
+(CUPTI hands the same hot PCs over in every batch: a training job's millions of records are tens of thousands
+of instructions); `keep_pcs` also keeps every record in its batch, for tests of the format. A stream cut short
+(the process was killed) reads up to its last whole record and says so (`complete` is False). A record whose
+payload does not match its type is skipped and named in `problems`; a foreign file or an unknown version raises
+CuptiStreamError.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 from aiflame.core.errors import BadInput
 
-__all__ = ["MAGIC", "VERSION", "CubinRecord", "CuptiStream", "CuptiStreamError", "PcBatch", "PcRecord",
+__all__ = ["MAGIC", "VERSION", "CubinRecord", "CuptiStream", "CuptiStreamError", "PcBatch", "PcRecord", "PcTotal",
            "RecordType", "StreamError", "parse_stream"]
 
 MAGIC = b"AIFLCUPT"
@@ -80,6 +83,17 @@ class PcBatch:
     pcs: tuple[PcRecord, ...]
 
 
+@dataclass(slots=True)
+class PcTotal:
+    """An instruction's samples summed over the stream: per stall-reason index, and the first batch's time."""
+
+    reasons: dict[int, int]
+    time_ns: int
+
+
+PcKey = tuple[int, int, int, str, int]  # (context, cubin CRC, pc offset, function name, correlation id)
+
+
 @dataclass(frozen=True, slots=True)
 class CubinRecord:
     ctx: int
@@ -97,7 +111,8 @@ class CuptiStream:
     devices: dict[int, int] = field(default_factory=dict)  # context id -> device ordinal
     reasons: dict[int, dict[int, str]] = field(default_factory=dict)  # context id -> index -> name
     cubins: list[CubinRecord] = field(default_factory=list)
-    batches: list[PcBatch] = field(default_factory=list)
+    batches: list[PcBatch] = field(default_factory=list)  # headers; their pcs only with keep_pcs
+    totals: dict[PcKey, PcTotal] = field(default_factory=dict)  # every batch's PC records, summed
     counters: dict[str, int] = field(default_factory=dict)
     complete: bool = False  # the END record was read
     problems: list[str] = field(default_factory=list)  # records skipped, with why
@@ -157,7 +172,46 @@ def _end(r: _Reader) -> None:
         raise _Short
 
 
-def _record(s: CuptiStream, rtype: int, r: _Reader) -> None:
+def _pcs_record(s: CuptiStream, r: _Reader, totals: dict[tuple[int, int, int, bytes, int], PcTotal],
+                keep_pcs: bool) -> None:
+    """A batch: its header into `s.batches`, its PC records summed into `totals` (whole or not at all)."""
+    ctx, n, t, rng, total, dropped, non_user, full, from_cfg, _pad, remaining = r.unpack(_PCS)
+    d, i, end = r.d, r.i, len(r.d)
+    if n > _MAX_COUNT or n * (_PC.size + 2) > end - i:
+        raise _Short
+    parsed: list[tuple[int, int, int, int, bytes, memoryview]] = []
+    for _ in range(n):
+        if i + _PC.size + 2 > end:
+            raise _Short
+        crc, off, fidx, corr, k = _PC.unpack_from(d, i)
+        i += _PC.size
+        ln = d[i] | d[i + 1] << 8
+        i += 2
+        stop = i + ln + k * _PAIR.size
+        if k > _MAX_COUNT or stop > end:
+            raise _Short
+        parsed.append((crc, off, fidx, corr, bytes(d[i:i + ln]), d[i + ln:stop]))
+        i = stop
+    r.i = i
+    _end(r)
+    pcs = []
+    for crc, off, fidx, corr, fname, raw in parsed:
+        key = (ctx, crc, off, fname, corr)
+        tot = totals.get(key)
+        if tot is None:
+            tot = totals[key] = PcTotal({}, t)
+        reasons = tot.reasons
+        for idx, cnt in _PAIR.iter_unpack(raw):
+            reasons[idx] = reasons.get(idx, 0) + cnt
+        if keep_pcs:
+            pcs.append(PcRecord(crc, off, fidx, corr, fname.decode("utf-8", "replace"),
+                                tuple((int(a), int(b)) for a, b in _PAIR.iter_unpack(raw))))
+    s.batches.append(PcBatch(ctx, t, rng, total, dropped, non_user, bool(full), bool(from_cfg), remaining,
+                             tuple(pcs)))
+
+
+def _record(s: CuptiStream, rtype: int, r: _Reader, totals: dict[tuple[int, int, int, bytes, int], PcTotal],
+            keep_pcs: bool) -> None:
     """Apply one record to `s`; nothing is changed when the payload is malformed (raises _Short)."""
     if rtype == RecordType.INFO:
         key, value = r.str(), r.str()
@@ -186,19 +240,7 @@ def _record(s: CuptiStream, rtype: int, r: _Reader) -> None:
         _end(r)
         s.cubins.append(cubin)
     elif rtype == RecordType.PCS:
-        ctx, n, t, rng, total, dropped, non_user, full, from_cfg, _pad, remaining = r.unpack(_PCS)
-        if n > _MAX_COUNT or n * (_PC.size + 2) > len(r.d) - r.i:
-            raise _Short
-        pcs = []
-        for _ in range(n):
-            crc, off, fidx, corr, k = r.unpack(_PC)
-            name = r.str()
-            raw = r.take(k * _PAIR.size)
-            reasons = tuple((int(a), int(b)) for a, b in _PAIR.iter_unpack(raw))
-            pcs.append(PcRecord(crc, off, fidx, corr, name, reasons))
-        _end(r)
-        s.batches.append(PcBatch(ctx, t, rng, total, dropped, non_user, bool(full), bool(from_cfg), remaining,
-                                 tuple(pcs)))
+        _pcs_record(s, r, totals, keep_pcs)
     elif rtype == RecordType.COUNTERS:
         counters: list[tuple[str, int]] = []
         for _ in range(_count(r, 10)):
@@ -214,8 +256,9 @@ def _record(s: CuptiStream, rtype: int, r: _Reader) -> None:
         raise KeyError(rtype)
 
 
-def parse_stream(data: bytes, name: str = "stream") -> CuptiStream:
-    """Parse one process's stream. Raises CuptiStreamError for a foreign, empty or newer-version file."""
+def parse_stream(data: bytes, name: str = "stream", *, keep_pcs: bool = True) -> CuptiStream:
+    """Parse one process's stream. Raises CuptiStreamError for a foreign, empty or newer-version file.
+    `keep_pcs=False` keeps only the sums (`totals`) of the PC records, not each batch's records."""
     if len(data) < _HEADER.size:
         raise CuptiStreamError(f"{name}: too short for a CUPTI stream ({len(data)} bytes)")
     magic, version, header_size, pid, start = _HEADER.unpack_from(data, 0)
@@ -226,6 +269,7 @@ def parse_stream(data: bytes, name: str = "stream") -> CuptiStream:
     if header_size < _HEADER.size or header_size > len(data):
         raise CuptiStreamError(f"{name}: bad header size {header_size}")
     s = CuptiStream(pid, start)
+    totals: dict[tuple[int, int, int, bytes, int], PcTotal] = {}
     view = memoryview(data)
     i = header_size
     while i < len(data):
@@ -239,7 +283,7 @@ def parse_stream(data: bytes, name: str = "stream") -> CuptiStream:
                               "bytes)")
             break
         try:
-            _record(s, rtype, _Reader(view[body:body + size]))
+            _record(s, rtype, _Reader(view[body:body + size]), totals, keep_pcs)
         except _Short:
             s.problems.append(f"{name}: malformed record of type {rtype} at offset {i} skipped")
         except KeyError:
@@ -249,4 +293,12 @@ def parse_stream(data: bytes, name: str = "stream") -> CuptiStream:
             if i != len(data):
                 s.problems.append(f"{name}: {len(data) - i} bytes after the end record ignored")
             break
+    for (ctx, crc, off, fname, corr), tot in totals.items():
+        key = (ctx, crc, off, fname.decode("utf-8", "replace"), corr)
+        had = s.totals.get(key)  # two undecodable names may read the same
+        if had is None:
+            s.totals[key] = tot
+        else:
+            for idx, cnt in tot.reasons.items():
+                had.reasons[idx] = had.reasons.get(idx, 0) + cnt
     return s

@@ -323,3 +323,21 @@ def test_a_real_h100_stream_counts_each_sample_once() -> None:
     assert sum(x.count for x in samples) == 12954 and counts["cupti_not_issued_samples"] == 2209
     assert {x.kernel for x in samples} == {"_Z11stream_axpyPK6float4PS_fm", "_Z9fma_chainPfi"}
     assert len(code) == 1 and code[0].arch == 90 and all(x.code == code[0].digest for x in samples)
+
+
+def test_batches_are_summed_per_instruction_reason_and_launch() -> None:
+    """CUPTI hands the same hot PCs over in every batch: a stream keeps one sample record per instruction,
+    reason, not-issued part and launch, with the first batch's time, and the totals unchanged."""
+    reasons = struct.pack("<II", 1, 2) + struct.pack("<I", 0) + _str("wait") + struct.pack("<I", 1) + _str(
+        "wait_not_issued")
+
+    def batch(t: int, pcs: list[tuple[int, int, str, list[tuple[int, int]]]]) -> bytes:
+        return _rec(RecordType.PCS, struct.pack("<IIQ", 1, len(pcs), t) + _pcs(1, pcs)[16:])
+
+    data = (_header() + _rec(RecordType.CONTEXT, struct.pack("<IIQ", 1, 3, 9)) + _rec(RecordType.REASONS, reasons)
+            + batch(100, [(77, 0x40, "_Z1kv", [(0, 3), (1, 1)]), (77, 0x50, "_Z1kv", [(0, 1)])])
+            + batch(200, [(77, 0x40, "_Z1kv", [(0, 2), (1, 2)])]) + _rec(RecordType.END, b""))
+    samples, _code, counts = stalls_from_stream(parse_stream(data))
+    assert [(x.offset, x.count, x.not_issued, x.time_ns, x.device) for x in samples] == [
+        (0x40, 2, False, 100, 3), (0x40, 3, True, 100, 3), (0x50, 1, False, 100, 3)]
+    assert counts["cupti_samples"] == 6
