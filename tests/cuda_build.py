@@ -20,10 +20,18 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["CUDA_DIR", "KERNELS_CU", "KernelPrograms", "build_cuda", "cuda_root", "kernel_programs", "nvidia_bin"]
+__all__ = ["CUDA_DIR", "CUDA_RET", "KERNELS_CU", "NVIDIA_DRIVER", "KernelPrograms", "build_cuda", "cuda_root",
+           "kernel_programs", "nvidia_bin", "no_driver_only"]
 
 CUDA_DIR = Path(__file__).resolve().parent / "cuda"
 KERNELS_CU = CUDA_DIR / "kernels.cu"
+
+# On a GPU host (an NVIDIA driver loaded) the same programs run for real: CUDA calls return cudaSuccess, not
+# cudaErrorInsufficientDriver, and the no-driver paths cannot be reached.
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version").exists()
+CUDA_RET = 0 if NVIDIA_DRIVER else 35
+no_driver_only = pytest.mark.skipif(NVIDIA_DRIVER, reason="this host has an NVIDIA driver: the no-driver path "
+                                    "cannot be reached here (bench/gpu/check.sh covers the GPU path)")
 
 _built: dict[tuple[object, ...], Path] = {}
 _programs: dict[str, KernelPrograms] = {}

@@ -17,7 +17,7 @@ from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection
 from aiflame.core.capture import read_capture
 from aiflame.symbolize.vendor.cupti_stream import parse_stream
 from tests.conftest import PROGRAMS
-from tests.cuda_build import KERNELS_CU, build_cuda, cuda_root
+from tests.cuda_build import KERNELS_CU, build_cuda, cuda_root, no_driver_only
 from tests.integration.conftest import aiflame
 
 
@@ -66,6 +66,7 @@ def _warnings(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("warning:")]
 
 
+@no_driver_only
 def test_cuda_program_under_profile_runs_unchanged_and_reports_no_driver(cupti: CuptiInstall, kernels: Path,
                                                                          tmp_path: Path) -> None:
     plain = subprocess.run([str(kernels)], capture_output=True, text=True, timeout=60)
@@ -84,6 +85,7 @@ def test_cuda_program_under_profile_runs_unchanged_and_reports_no_driver(cupti: 
     assert not list(tmp_path.glob(STREAM_PREFIX + "*"))  # folded into the capture, then removed
 
 
+@no_driver_only
 def test_python_cuda_target_is_sampled_the_same_way(cupti: CuptiInstall, tmp_path: Path) -> None:
     root = cuda_root()
     assert root is not None
