@@ -7,7 +7,9 @@
 #   steps/s without and with CUPTI at several periods; a 20 s GPT capture under `aiflame profile` (every view
 #   exported and timed, recover); the ai_flamegraph example from real samples.
 # Writes $OUT/log.txt and $OUT/results.tgz (or /tmp/gpu-out when OUT is unset). CPATH is never set: aiflame must
-# find CUDA's headers itself.
+# find CUDA's headers itself. STAGES picks stages by name (default: all): doctor shares stream cost gpt mlp;
+# COST_PERIODS the CUPTI periods of the cost stage, each run between two runs without CUPTI (default "20 20 20 22
+# 24"); BUDGET the seconds the stages may take (default 480).
 set -u
 OUTD=${OUT:-/tmp/gpu-out}; mkdir -p "$OUTD"
 W=/tmp/aiflame-gpu; rm -rf "$W"; mkdir -p "$W/res"
@@ -17,7 +19,12 @@ PY=$(realpath -s "$(command -v "${PY:-python3}")")
 AF() { "$PY" -m aiflame "$@"; }
 log() { echo "== [$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-stage() { if [ "$(left)" -lt "$1" ]; then log "SKIP $2 (needs ${1}s, $(left)s left)"; return 1; fi; log "$2"; }
+pack() { tar -C "$W/res" -czf "$OUTD/results.tgz" . 2>/dev/null; }  # after each stage: a timeout keeps the rest
+want() { [[ " ${STAGES:-doctor shares stream cost gpt mlp} " == *" $1 "* ]]; }
+stage() {  # seconds needed, name, title
+    want "$2" || return 1
+    if [ "$(left)" -lt "$1" ]; then log "SKIP $3 (needs ${1}s, $(left)s left)"; return 1; fi; log "$3"
+}
 unset CPATH C_INCLUDE_PATH
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 CUDA_LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
@@ -31,15 +38,15 @@ log "machine: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=cs
 "$PY" -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, sys.executable)'
 ls -d "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"/nvidia/cu13/include/crt 2>&1 | head -1
 
-stage 30 "doctor (GPU section)" && timeout 60 "$PY" -m aiflame doctor 2>&1 | sed -n '/NVIDIA GPU/,/daemon unit/p' | head -30
+stage 30 doctor "doctor (GPU section)" && timeout 60 "$PY" -m aiflame doctor 2>&1 | sed -n '/NVIDIA GPU/,/daemon unit/p' | head -30
 
-if stage 30 "build two_kernels (shared cudart, so launches are probed)"; then
+if want shares || want stream; then log "build two_kernels (shared cudart, so launches are probed)"
     timeout 90 "$NVCC" -O2 -lineinfo -gencode arch=compute_90,code=sm_90 -cudart shared -L "$CUDA_LIB" \
         -Xlinker "-rpath=$CUDA_LIB" -Xcompiler -fno-omit-frame-pointer -o "$W/two_kernels" bench/gpu/two_kernels.cu ||
     timeout 90 "$NVCC" -O2 -lineinfo -gencode arch=compute_90,code=sm_90 -o "$W/two_kernels" bench/gpu/two_kernels.cu
     ldd "$W/two_kernels" | grep cudart
 fi
-if stage 20 "two_kernels alone (3 s)"; then timeout 30 "$W/two_kernels" --seconds 3 | tee "$W/res/two_alone.json"; fi
+if stage 20 shares "two_kernels alone (3 s)"; then timeout 30 "$W/two_kernels" --seconds 3 | tee "$W/res/two_alone.json"; fi
 
 LIBS=$(timeout 60 "$PY" bench/gpu/shim_build.py "$W/shimcache"); SHIMLIB=$(echo "$LIBS" | sed -n 1p); CUPTILIB=$(echo "$LIBS" | sed -n 2p)
 log "stand-in build: $SHIMLIB (libcupti $CUPTILIB)"
@@ -48,9 +55,9 @@ inject() {  # period, command...: run with the stand-in-built injection library,
     ( export CUDA_INJECTION64_PATH=$SHIMLIB AIFLAME_CUPTI_LIB=$CUPTILIB AIFLAME_CUPTI_DIR=$W/streams-$p AIFLAME_CUPTI_PERIOD=$p
       "$@" )
 }
-if [ -n "$SHIMLIB" ] && stage 20 "real CUPTI stream for the tests (two_kernels, 64 MiB, 0.4 s, stand-in build)"; then
+if [ -n "$SHIMLIB" ] && stage 20 stream "real CUPTI stream for the tests (two_kernels, 64 MiB, 0.4 s, stand-in build)"; then
     inject 20 timeout 30 "$W/two_kernels" --seconds 0.4 --mem-mib 64 --fma-iters 2000 | tee "$W/res/two_small.json"
-    cp "$W"/streams-20/cupti-*.stream "$W/res/two_kernels.cupti.stream" && ls -l "$W/res/two_kernels.cupti.stream"
+    cp "$W"/streams-20/cupti-*.stream "$W/res/two_kernels.cupti.stream" && ls -l "$W/res/two_kernels.cupti.stream" && pack
     "$PY" - "$W/res/two_kernels.cupti.stream" <<'PYEOF'
 import sys
 from aiflame.symbolize.vendor.cupti_stream import parse_stream
@@ -62,26 +69,34 @@ print("reasons:", sorted(set(s.reasons.get(next(iter(s.reasons), 0), {}).values(
 PYEOF
 fi
 
-if stage 60 "two_kernels under aiflame profile (6 s): stall shares vs GPU time"; then
-    timeout 120 "$PY" -m aiflame profile -q -o "$W/two" --formats folded -- "$W/two_kernels" --seconds 6 | tee "$W/res/two_run.json"
-    timed "export stalls" timeout 60 "$PY" -m aiflame export "$W/two/profile.aiflame" --view stalls -f folded -o "$W/res/two_stalls.folded"
-    "$PY" bench/gpu/stall_shares.py "$W/res/two_stalls.folded" "$W/res/two_run.json" | tee "$W/res/two_shares.json"
+if stage 60 shares "two_kernels under aiflame profile (6 s each, ~4.6 and ~1.15 ms kernels): stall shares vs GPU time"; then
+    for cfg in "4096 32000" "1024 8000"; do
+        set -- $cfg
+        timeout 120 "$PY" -m aiflame profile -q -o "$W/two$1" --formats folded -- "$W/two_kernels" --seconds 6 \
+            --mem-mib "$1" --fma-iters "$2" > "$W/res/two_run$1.json"
+        timed "export stalls" timeout 60 "$PY" -m aiflame export "$W/two$1/profile.aiflame" --view stalls -f folded -o "$W/res/two_stalls$1.folded"
+        echo "mem=$1 iters=$2 $("$PY" bench/gpu/stall_shares.py "$W/res/two_stalls$1.folded" "$W/res/two_run$1.json")" | tee -a "$W/res/two_shares.txt"
+    done
+    pack
 fi
 
 gpt() { timeout 90 "$@" "$PY" bench/gpu/gpt_loop.py --seconds 8 --warmup 3 | tail -1; }
-if stage 110 "GPT loop steps/s: alone and with CUPTI (stand-in build) at periods 20, 18, 24, 22"; then
-    for p in none 20 none 18 24 22; do
-        if [ $p = none ]; then r=$(gpt env); else r=$(inject $p gpt env); fi
-        sz=$( [ $p = none ] || du -cb "$W"/streams-$p/*.stream 2>/dev/null | tail -1 | cut -f1)
+if stage 110 cost "GPT loop steps/s: with CUPTI (stand-in build) at ${COST_PERIODS:-20 20 20 22 24}, each between runs without"; then
+    r=$(gpt env); echo "period=none $r" | tee -a "$W/res/cupti_cost.txt"
+    for p in ${COST_PERIODS:-20 20 20 22 24}; do
+        [ "$(left)" -lt 40 ] && { log "SKIP the rest of the cost stage"; break; }
+        r=$(inject "$p" gpt env); sz=$(du -cb "$W"/streams-"$p"/*.stream 2>/dev/null | tail -1 | cut -f1)
         echo "period=$p $r stream_bytes=${sz:-0}" | tee -a "$W/res/cupti_cost.txt"
+        r=$(gpt env); echo "period=none $r" | tee -a "$W/res/cupti_cost.txt"
     done
+    pack
 fi
 
-if stage 200 "GPT loop under aiflame profile (20 s, defaults: CPU sampling, runtime probes, CUPTI)"; then
+if stage 200 gpt "GPT loop under aiflame profile (20 s, defaults: CPU sampling, runtime probes, CUPTI)"; then
     s=$(date +%s)
     timeout 260 "$PY" -m aiflame profile -o "$W/gpt" --formats folded -- "$PY" bench/gpu/gpt_loop.py --seconds 20 --warmup 3 2>&1 | tail -60
     log "profile wall $(( $(date +%s) - s ))s; capture $(du -h "$W/gpt/profile.aiflame" 2>/dev/null | cut -f1)"
-    ( cd examples/ai_flamegraph && stage 60 "ai_flamegraph example with real samples (background)" &&
+    ( cd examples/ai_flamegraph && stage 60 mlp "ai_flamegraph example with real samples (background)" &&
       mkdir -p "$W/mlp" &&
       "$NVCC" -g -lineinfo -cudart shared -L "$CUDA_LIB" -Xlinker "-rpath=$CUDA_LIB" \
         -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -shared -Xcompiler -fPIC -Xcompiler -fno-omit-frame-pointer -o "$W/mlp/libmlp.so" mlp.cu &&
