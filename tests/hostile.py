@@ -257,18 +257,36 @@ def state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def _switches(pid: int) -> int:
+    """Context switches of `pid`'s main thread so far; a stopped thread makes none."""
+    n = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+            n += int(line.split()[1])
+    return n
+
+
 def longest_stop(pid: int, seconds: float) -> float:
     """Watch `pid` for `seconds`: the longest it stayed stopped (state T), in seconds. A single look is not enough:
-    a probe stops a target at each library open for a moment, by design (and another agent on the host may too)."""
-    longest, since = 0.0, None
+    a probe stops a target at each library open for a moment, by design (and another agent on the host may too).
+    Two looks that both see T belong to one stop only if the process did not run in between (its context-switch
+    count is unchanged): a target that opens a library in a loop is stopped for microseconds each time, and back
+    to back those stops must not read as one long one."""
+    longest, since, seen = 0.0, None, -1
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         now = time.monotonic()
-        if state(pid) == "T":
-            since = now if since is None else since
+        try:
+            stopped, switches = state(pid) == "T", _switches(pid)
+        except (OSError, ValueError):
+            break  # the process is gone
+        if stopped and since is not None and switches == seen:
             longest = max(longest, now - since)
+        elif stopped:
+            since = now
         else:
             since = None
+        seen = switches
         time.sleep(0.02)
     return longest
 

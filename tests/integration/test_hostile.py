@@ -159,15 +159,19 @@ def _profile(*args: str, session_leader: bool = False) -> subprocess.Popen[str]:
 
 
 def _watch_rss_and_tty(proc: subprocess.Popen[str]) -> tuple[float, set[int]]:
-    """Until `proc` exits: its peak RSS (MB) and every controlling terminal it had (tty_nr; 0 is none)."""
-    peak, ttys = 0.0, set()
+    """Until `proc` exits: its peak RSS (MB) and every controlling terminal it had (tty_nr; 0 is none). Reads
+    that race with the exit are skipped, but a watch that read nothing fails: no reading is no evidence."""
+    peak, ttys, reads = 0.0, set(), 0
     while proc.poll() is None:
         try:
             peak = max(peak, rss_peak_mb(proc.pid))
             ttys.add(int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[4]))
-        except (OSError, AssertionError, ValueError):
-            pass
+            reads += 1
+        except (OSError, ValueError, AssertionError):  # gone, or a zombie without VmHWM: only at exit
+            if proc.poll() is None:
+                raise
         time.sleep(0.05)
+    assert reads > 0, "the process exited before its RSS could be read once"
     return peak, ttys
 
 

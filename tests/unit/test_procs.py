@@ -20,7 +20,13 @@ from aiflame.agent.procs import alive, descendants, is_thread, own_cpu_s, own_rs
 def test_states_of_live_stopped_and_exited_processes() -> None:
     child = subprocess.Popen(["sleep", "60"])
     try:
-        assert alive(child.pid) and status(child.pid) in (psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING)
+        # Just spawned, it may still be paging in ld.so and libc (disk-sleep) on a loaded host: wait for its sleep.
+        for _ in range(1000):
+            if status(child.pid) == psutil.STATUS_SLEEPING:
+                break
+            assert status(child.pid) in (psutil.STATUS_RUNNING, psutil.STATUS_DISK_SLEEP)
+            time.sleep(0.01)
+        assert alive(child.pid) and status(child.pid) == psutil.STATUS_SLEEPING
         child.send_signal(19)  # SIGSTOP
         for _ in range(100):
             if status(child.pid) == psutil.STATUS_STOPPED:
