@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 import pytest
@@ -69,8 +68,9 @@ def _cap(stalls: list[RawStallSample], code: list[GpuCode], counters: dict[str, 
 
 
 def _nvdisasm_lines(cubin: bytes) -> dict[tuple[str, int], str]:
-    """(function, offset) -> nvdisasm's own text line for it, whitespace collapsed; read without aiflame's parser
-    of that text. nvdisasm is required (make setup installs it)."""
+    """(function, offset) -> the instruction as `nvdisasm -json` gives it (predicate, opcode, operands, spaces
+    removed): nvdisasm is the oracle, read without aiflame's parser of its text output. Required (make setup)."""
+    import json
     import subprocess
     import tempfile
 
@@ -79,17 +79,17 @@ def _nvdisasm_lines(cubin: bytes) -> dict[tuple[str, int], str]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([str(tool), "-c", f.name], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([str(tool), "-json", f.name], capture_output=True, text=True, check=True).stdout
     lines: dict[tuple[str, int], str] = {}
-    fn = ""
-    for line in out.splitlines():
-        m = re.match(r"\s*\.text\.(\S+):", line)
-        if m:
-            fn = m.group(1)
-        m = re.search(r"/\*([0-9a-f]{4,})\*/(.*)", line)
-        if m and fn:
-            lines[(fn, int(m.group(1), 16))] = " ".join(m.group(2).split())
+    for fn in json.loads(out)[1]:
+        for i, ins in enumerate(fn["sass-instructions"]):
+            text = ins.get("predicate", "") + ins["opcode"] + ins.get("operands", "")
+            lines[(fn["function-name"], i * 16)] = "".join(text.split())
     return lines
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
 
 
 def test_reason_labels() -> None:
@@ -118,7 +118,7 @@ def test_layout_sources_and_sass_at_real_offsets(cubin90: GpuCode) -> None:
         assert gpu[2].file == file and gpu[2].line == line and gpu[2].name.endswith(f"kernels.cu:{line}")
         # nvdisasm itself is the oracle: its own line for that offset holds the frame's instruction text.
         text = gpu[3].name.split(" ", 1)[1]
-        assert " ".join(text.split()) in raw[(SCALE, off)], (text, raw[(SCALE, off)])
+        assert _squeeze(text).rstrip(";") == raw[(SCALE, off)], (text, raw[(SCALE, off)])
         assert gpu[4].name in ("long_scoreboard", "wait")
     # 3:1 launches from two stacks: each leaf keeps its count, stacks get ~3/4 and ~1/4 of the total.
     by_cpu = Counter[tuple[Frame, ...]]()
@@ -247,7 +247,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
         assert gpu[1].startswith("two_kernels.cu:") and int(gpu[1].split(":")[1]) > 0
         off, text = gpu[2].split(" ", 1)
         mangled = "_Z11stream_axpyPK6float4PS_fm" if gpu[0] == "stream_axpy" else "_Z9fma_chainPfi"
-        assert " ".join(text.split()) in raw[(mangled, int(off, 16))]  # nvdisasm's own line at that offset
+        assert _squeeze(text).rstrip(";") == raw[(mangled, int(off, 16))]  # nvdisasm's own reading
         assert len(gpu) == 4 or gpu[4] == "not issued"
         by_kernel[gpu[0]] += smp.weight
     assert set(by_kernel) == {"stream_axpy", "fma_chain"}
