@@ -1,4 +1,5 @@
-"""pprof export decoded back with our schema: string table, leaf-first locations, values and labels."""
+"""pprof export decoded back with our schema (string table, leaf-first locations, values, labels), and with
+protoc's schema-less decoder against profile.proto's field numbers."""
 
 from __future__ import annotations
 
@@ -50,3 +51,62 @@ def test_stall_samples_decode_with_labels() -> None:
 def test_empty_profile_is_valid() -> None:
     p = _decode(Profile())
     assert list(p.string_table)[0] == "" and len(p.sample) == 0
+
+
+def _decode_raw(data: bytes) -> list[tuple[int, object]]:
+    """The message as `protoc --decode_raw` reads it (no schema: field numbers and values), as nested lists: an
+    independent decoder, so the field numbers are checked against pprof's profile.proto, not our copy of it."""
+    import ast
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "--decode_raw"], input=data,
+                         capture_output=True, check=True).stdout.decode()
+    stack: list[list[tuple[int, object]]] = [[]]
+    for line in out.splitlines():
+        line = line.strip()
+        if line.endswith("{"):
+            child: list[tuple[int, object]] = []
+            stack[-1].append((int(line[:-1]), child))
+            stack.append(child)
+        elif line == "}":
+            stack.pop()
+        elif line:
+            num, value = line.split(": ", 1)
+            v: object = ast.literal_eval("b" + value) if value.startswith('"') else int(value)
+            stack[-1].append((int(num), v))
+    return stack[0]
+
+
+def _varints(b: object) -> list[int]:
+    assert isinstance(b, bytes)
+    out, cur, shift = [], 0, 0
+    for byte in b:
+        cur |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            out.append(cur)
+            cur, shift = 0, 0
+    return out
+
+
+def test_wire_format_matches_pprof_field_numbers() -> None:
+    """profile.proto: sample_type 1 {type 1, unit 2}, sample 2 {location_id 1, value 2, label 3 {key 1, num 3}},
+    location 4 {id 1, line 4 {function_id 1}}, function 5 {id 1, name 2}, string_table 6, duration_nanos 10,
+    comment 13 (indices into string_table)."""
+    prof = Profile(samples=[Sample((MAIN, Frame("leaf", FrameKind.NATIVE)), 7, pid=42)], start_ns=10, end_ns=110,
+                   counters={"lost": 2})
+    msg = _decode_raw(gzip.decompress(get_exporter("pprof").render(prof)))
+    strings = [bytes(v).decode() for f, v in msg if f == 6 and isinstance(v, bytes)]
+    assert strings[0] == ""
+    (vt,) = [v for f, v in msg if f == 1]
+    assert isinstance(vt, list) and [strings[x] for _, x in vt if isinstance(x, int)] == ["samples", "count"]
+    functions = {dict(v)[1]: strings[dict(v)[2]] for f, v in msg if f == 5 and isinstance(v, list)}
+    locations = {dict(v)[1]: dict(dict(v)[4])[1] for f, v in msg if f == 4 and isinstance(v, list)}
+    (sample,) = [dict(v) for f, v in msg if f == 2 and isinstance(v, list)]
+    assert [functions[locations[i]] for i in _varints(sample[1])] == ["leaf", "main"]  # leaf first
+    assert _varints(sample[2]) == [7]
+    label = dict(sample[3])
+    assert strings[label[1]] == "pid" and label[3] == 42
+    assert dict(msg)[10] == 100
+    assert [strings[i] for i in _varints(dict(msg)[13])] == ["lost=2"]
