@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -255,3 +256,52 @@ def test_forked_and_spawned_workers_have_python_frames(python: str, tmp_path: Pa
     merged = symbolize_capture(cap, options=StackOptions(group="none"))
     names = {f.name for s in merged.samples for f in s.stack}
     assert {"spin_fork", "spin_spawn", "spin_forkserver", "spin"} <= names
+
+
+def _names(stack: str) -> tuple[str, ...]:
+    """A py-spy raw stack line's frames, root first, without their `(file:line)`."""
+    return tuple(f.rsplit(" (", 1)[0] for f in stack.split(";"))
+
+
+def test_python_stacks_agree_with_py_spy(tmp_path: Path) -> None:
+    """py-spy, sampling the same process at the same time, is the oracle for Python frames: the same stack shapes
+    (function names, root to leaf) and the same splits within a few points."""
+    pyspy = Path(sys.executable).parent / "py-spy"
+    assert pyspy.exists(), "py-spy is a dev dependency (make setup)"
+    python = "/root/.pyenv/versions/3.12.1/bin/python"
+    target = subprocess.Popen([python, str(SCRIPT), "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        spy = subprocess.Popen([str(pyspy), "record", "--nonblocking", "-r", "97", "-d", "8", "-f", "raw", "-o",
+                                str(tmp_path / "spy.txt"), "--pid", str(target.pid)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        aiflame("profile", "-q", "-p", str(target.pid), "-d", "8", "-o", str(tmp_path / "af"))
+        assert spy.wait(timeout=120) == 0
+    finally:
+        target.kill()
+        target.wait()
+    theirs: Counter[tuple[str, ...]] = Counter()
+    for line in (tmp_path / "spy.txt").read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        theirs[_names(stack)] += int(n)
+    prof = symbolize_capture(read_capture(tmp_path / "af" / "profile.aiflame"),
+                             options=StackOptions(group="none", python="python"))
+    ours: Counter[tuple[str, ...]] = Counter()
+    for s in prof.samples:
+        names = tuple(f.name for f in s.stack if f.kind == FrameKind.PYTHON)
+        if names:
+            ours[names] += s.weight
+
+    def shapes(c: Counter[tuple[str, ...]]) -> set[tuple[str, ...]]:
+        total = sum(c.values())
+        return {k for k, v in c.items() if v >= 0.03 * total}
+
+    assert shapes(ours) == shapes(theirs), (ours.most_common(8), theirs.most_common(8))
+
+    def split(c: Counter[tuple[str, ...]], a: str, b: str) -> float:
+        na = sum(v for k, v in c.items() if a in k)
+        nb = sum(v for k, v in c.items() if b in k)
+        return 100 * na / max(na + nb, 1)
+
+    for a, b in (("work_60", "work_40"), ("task_75", "task_25")):
+        assert abs(split(ours, a, b) - split(theirs, a, b)) < 6, (a, split(ours, a, b), split(theirs, a, b))
