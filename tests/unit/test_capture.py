@@ -270,28 +270,12 @@ def test_pieces_out_of_order_are_corrupt(tmp_path: Path) -> None:
     from aiflame.core import aiflame_capture_pb2 as pb
     from aiflame.core.capture import _varint
 
-    path = tmp_path / "c.aiflame"
-    write_capture(path, _capture([]))
-    data = path.read_bytes()
+    head = pb.Record(header=pb.Header(format_version=FORMAT_VERSION)).SerializeToString()
     rec = pb.Record(gpu_code=pb.GpuCode(digest="d", data=b"abc", size=10, offset=3)).SerializeToString()
     bad = tmp_path / "bad.aiflame"
-    bad.write_bytes(MAGIC + _header_record(data) + _varint(len(rec)) + rec)
+    bad.write_bytes(MAGIC + _varint(len(head)) + head + _varint(len(rec)) + rec)
     with pytest.raises(CaptureError, match="piece out of order"):
         read_capture(bad, partial=True)
-
-
-def _header_record(data: bytes) -> bytes:
-    """The first record (header) of a capture, with its length prefix."""
-    pos = len(MAGIC)
-    length = shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        length |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            break
-    return data[len(MAGIC):pos + length]
 
 
 def test_an_oversize_record_of_an_older_writer_is_refused_with_the_fix_and_recovered(
