@@ -149,7 +149,7 @@ class Session:
         pipe.release_targets()
         pipe.drain()  # answers the stops already sent; finish() continues any still held
         if pipe.probes:
-            pipe.probes.finish()
+            pipe.probes.finish(mono_ns())
         code_warnings = pipe.write_gpu_code()
         agent_cpu = own_cpu_s() - cpu0
         pipe.write_kernel_names()
@@ -165,6 +165,8 @@ class Session:
             table_warnings = [f"no CFI table, frame pointers only: {e}" for e in list(uw.errors.values())[:5]]
         if pipe.probes:
             self.stats.counters["calls"] = pipe.probes.calls_seen
+            self.stats.counters["calls_counted"] = pipe.probes.calls_counted
+            self.stats.counters["calls_unsent"] = pipe.probes.calls_unsent
             self.stats.counters["returns_lost"] = pipe.probes.returns_lost
             self.stats.counters["stops_late"] = pipe.probes.stops_late
             self.stats.counters["libs_seen_full"] = pipe.probes.libs_seen_full

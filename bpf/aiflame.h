@@ -34,7 +34,8 @@ enum aiflame_counter {
     CNT_OPEN_LOST = 9,    /* library-open records dropped (the target was not stopped) */
     CNT_UW_TAILCALL_FAIL = 10, /* a CFI walk could not tail-call on (its prog array empty): frame pointers used */
     CNT_STOPS_UNRECORDED = 11, /* a target not stopped at a probe: the stops map was full */
-    CNT_MAX = 12,
+    CNT_CALL_SKIPPED = 12, /* PROBE_SAMPLE calls over the per-CPU record budget: counted in call_skipped, no record */
+    CNT_MAX = 13,
 };
 
 /* values of the targets map (records.py TargetFlag) */
@@ -118,6 +119,10 @@ struct proc_rec {
 #define PROBE_STOP 8    /* stop the process (SIGSTOP) and wake the agent, which continues it (e.g. at exit()) */
 #define PROBE_REGS 16   /* args[0-5] hold the registers regs[] names instead (USDT probes: any register) */
 #define PROBE_RET 32    /* the call has a return probe: the kernel swaps its return address for a trampoline */
+/* Launches: beyond AIFLAME_CALL_RATE records a second per CPU a call is only counted, per (process, probe,
+ * args[sample_arg]) in call_skipped, and the next record kept for that key carries the count in `calls`: every
+ * call is counted, per kernel, and the stacks kept stand for the calls around them. */
+#define PROBE_SAMPLE 64
 #define AIFLAME_PROBE_REGS 6
 
 struct probe_spec {
@@ -128,6 +133,8 @@ struct probe_spec {
     __s16 out_arg;
     /* PROBE_REGS: args[i] = register regs[i] (0-15: rax rbx rcx rdx rsi rdi rbp rsp r8-r15), -1 = 0 */
     __s16 regs[AIFLAME_PROBE_REGS];
+    __s16 sample_arg;  /* PROBE_SAMPLE: the argument (0-7) that names what is launched (the kernel) */
+    __s16 pad;
 };
 
 /* Header, then user_len/8 user addresses (leaf first) and py_count Python frames (2 words each) in data[]. */
@@ -145,6 +152,8 @@ struct call_rec {
     __u32 py_count;
     __u32 py_flags;
     __s32 str_len;     /* bytes read incl. NUL, or a negative errno (the agent reads /proc/PID/mem then) */
+    __u32 calls;       /* calls this record stands for: 1, or 1 + those of its key counted without a record */
+    __u32 pad;
     char str[AIFLAME_CALL_STR];
     __u64 data[AIFLAME_SAMPLE_WORDS];
 };

@@ -18,6 +18,32 @@ BPF_TABLE("lru_hash", u64, u64, call_outs, 16384);
 /* FNV-1a hashes of library paths the agent has already handled: their opens do not stop the target. LRU: a
  * target opening endless distinct names cannot fill it; a path evicted stops its next opener once more. */
 BPF_TABLE("lru_hash", u64, u8, libs_seen, 65536);
+/* PROBE_SAMPLE calls counted without a record, per CPU, by (process, probe, the argument naming the kernel); the
+ * next record kept for the key on that CPU takes its count, the agent reads what is left at the end. Not LRU: a
+ * full map refuses the count (CNT_CALL_LOST), it never drops one silently. */
+struct sample_key {
+    u32 tgid;
+    u32 probe;
+    u64 arg;
+};
+BPF_PERCPU_HASH(call_skipped, struct sample_key, u64, 65536);
+/* The per-CPU record budget of PROBE_SAMPLE calls: credit in ns, AIFLAME_CALL_INTERVAL_NS a record. */
+struct call_budget {
+    u64 last_ns;
+    u64 credit_ns;
+};
+BPF_PERCPU_ARRAY(call_budgets, struct call_budget, 1);
+/* (tid << 32 | probe) of calls in flight that were counted without a record: their returns are not sent either. */
+BPF_TABLE("lru_hash", u64, u8, calls_unsent, 16384);
+/* tid -> the PROBE_SAMPLE call it is inside: a launch inside a launch (cudaLaunchKernel -> cuLaunchKernel) is the
+ * same launch, neither recorded nor counted again. An entry older than a second is a thread that died inside a
+ * launch (its id reused): launches return in microseconds. */
+struct launch_in {
+    u32 probe;
+    u32 pad;
+    u64 time_ns;
+};
+BPF_TABLE("lru_hash", u32, struct launch_in, in_launch, 16384);
 BPF_ARRAY(layout_call, struct call_rec, 1);
 BPF_ARRAY(layout_ret, struct ret_rec, 1);
 BPF_ARRAY(layout_open, struct open_rec, 1);
@@ -80,6 +106,46 @@ static __always_inline u64 probe_source(struct call_rec *rec, s16 src) {
     return rec->deref[(src - 8) & 3];
 }
 
+#ifndef AIFLAME_CALL_INTERVAL_NS
+#define AIFLAME_CALL_INTERVAL_NS 0 /* no budget: every call is recorded */
+#endif
+#define AIFLAME_CALL_BURST_NS (AIFLAME_CALL_INTERVAL_NS * 64)
+
+/* Whether this CPU may send one more PROBE_SAMPLE record now (a token bucket of 64 records, refilled at
+ * AIFLAME_CALL_RATE a second). */
+static __always_inline int call_budget_take(u64 now) {
+    if (AIFLAME_CALL_INTERVAL_NS == 0)
+        return 1;
+    u32 zero = 0;
+    struct call_budget *b = call_budgets.lookup(&zero);
+    if (!b)
+        return 1;
+    u64 credit = b->credit_ns + (now - b->last_ns);
+    if (credit > AIFLAME_CALL_BURST_NS)
+        credit = AIFLAME_CALL_BURST_NS;
+    b->last_ns = now;
+    if (credit < AIFLAME_CALL_INTERVAL_NS) {
+        b->credit_ns = credit;
+        return 0;
+    }
+    b->credit_ns = credit - AIFLAME_CALL_INTERVAL_NS;
+    return 1;
+}
+
+/* Count `n` calls of `key` without a record (a full map refuses them: counted as lost, never silently). Their
+ * returns are not sent either. */
+static __always_inline void count_unsent(struct sample_key *key, u64 n, u64 tid_probe, u32 flags) {
+    u64 *have = call_skipped.lookup(key);
+    if (have)
+        *have += n;
+    else if (call_skipped.update(key, &n) != 0)
+        count(CNT_CALL_LOST);
+    if (flags & PROBE_RET) {
+        u8 one = 1;
+        calls_unsent.update(&tid_probe, &one);
+    }
+}
+
 /* After the caller's user stack: its Python frames, the out-pointer to remember, and the record out. */
 static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec, struct probe_spec *spec) {
     u32 words = 0;
@@ -107,8 +173,16 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
             count(CNT_CALL_LOST);
         return 0;
     }
-    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
+    if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) == 0)
+        return 0;
+    if (spec->flags & PROBE_SAMPLE) {
+        /* no room: counted on, carried by the key's next record */
+        struct sample_key key = {rec->pid, rec->probe, rec->args[spec->sample_arg & 7]};
+        count_unsent(&key, rec->calls, ((u64)rec->tid << 32) | rec->probe, spec->flags);
+        count(CNT_CALL_SKIPPED);
+    } else {
         count(CNT_CALL_LOST);
+    }
     return 0;
 }
 
@@ -158,6 +232,28 @@ int on_call(struct pt_regs *ctx) {
         for (int i = 0; i < AIFLAME_PROBE_REGS; i++) {
             s16 r = spec->regs[i];
             rec->args[i] = r < 0 ? 0 : regs[r & 15];
+        }
+    }
+    rec->calls = 1;
+    if (spec->flags & PROBE_SAMPLE) {
+        if (spec->flags & PROBE_RET) {
+            u32 tid = (u32)id;
+            struct launch_in *outer = in_launch.lookup(&tid);
+            if (outer && rec->time_ns - outer->time_ns < 1000000000ull)
+                return 0;
+            struct launch_in mine = {probe, 0, rec->time_ns};
+            in_launch.update(&tid, &mine);
+        }
+        struct sample_key key = {tgid, probe, rec->args[spec->sample_arg & 7]};
+        if (!call_budget_take(rec->time_ns)) {
+            count_unsent(&key, 1, (id << 32) | probe, spec->flags);
+            count(CNT_CALL_SKIPPED);
+            return 0;
+        }
+        u64 *skipped = call_skipped.lookup(&key);
+        if (skipped && *skipped) {
+            rec->calls += (u32)*skipped;
+            *skipped = 0;
         }
     }
     rec->deref_ok = 0;
@@ -232,6 +328,19 @@ int on_ret(struct pt_regs *ctx) {
     u32 tgid = id >> 32;
     if (!is_target(tgid))
         return 0;
+    struct probe_spec *spec = probe_specs.lookup(&probe);
+    u64 key = (id << 32) | probe;
+    if (spec && (spec->flags & PROBE_SAMPLE)) {
+        u32 tid = (u32)id;
+        struct launch_in *outer = in_launch.lookup(&tid);
+        if (outer && outer->probe != probe)
+            return 0; /* the launch inside a launch returns */
+        in_launch.delete(&tid);
+        if (calls_unsent.lookup(&key)) {
+            calls_unsent.delete(&key); /* its call was counted without a record */
+            return 0;
+        }
+    }
     struct ret_rec *rec = events.ringbuf_reserve(sizeof(struct ret_rec));
     if (!rec) {
         count(CNT_CALL_LOST);
@@ -243,8 +352,6 @@ int on_ret(struct pt_regs *ctx) {
     rec->out = 0;
     rec->out_ok = 0;
     /* the out-pointer hash is consulted only by probes that have one (an array lookup is far cheaper) */
-    struct probe_spec *spec = probe_specs.lookup(&probe);
-    u64 key = (id << 32) | probe;
     u64 *ptr = spec && (spec->flags & PROBE_OUT) ? call_outs.lookup(&key) : NULL;
     if (ptr) {
         if (bpf_probe_read_user(&rec->out, 8, (void *)*ptr) == 0)

@@ -87,6 +87,10 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     if c.get("calls") or c.get("call_lost"):
         console.print(f"runtime calls probed {c.get('calls', 0)}  lost {c.get('call_lost', 0)}  "
                       f"returns lost {c.get('returns_lost', 0)}")
+    if c.get("call_skipped"):  # launches over the per-CPU record budget: counted, their stacks sampled
+        console.print(f"launches: {c.get('calls_counted', 0)} counted, {c['call_skipped']} of them without a "
+                      f"stack of their own (over the record budget; each record kept stands for the launches of its "
+                      f"kernel since the one before, and {c.get('calls_unsent', 0)} left at the end have no stack)")
     held = {k: c[k] for k in ("stops_resumed_by_watchdog", "stops_late", "stops_unrecorded", "libs_seen_full",
                               "py_procs_full", "unwind_procs_full", "targets_full") if c.get(k)}
     if held:  # what a target did that we had to cut short (see docs/daemon.md, "Hostile targets")

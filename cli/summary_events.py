@@ -44,11 +44,12 @@ def print_events(console: Console, prof: Profile, top: int = 10, stacks_per_kern
         return
     launches = [e for e in events if e.kind == EventKind.COMPUTE]
     if launches:
-        by_kernel: Counter[str] = Counter(e.name for e in launches)
+        by_kernel: Counter[str] = Counter()
         stacks: dict[str, Counter[Stack]] = defaultdict(Counter)
         for e in launches:
-            stacks[e.name][e.stack] += 1
-        t = Table(title=f"Kernels by launches ({len(launches)} launches)", title_justify="left")
+            by_kernel[e.name] += e.calls
+            stacks[e.name][e.stack] += e.calls
+        t = Table(title=f"Kernels by launches ({by_kernel.total()} launches)", title_justify="left")
         t.add_column("launches", justify="right")
         t.add_column("kernel")
         t.add_column("top launch stacks (root ; … ; launch call)")

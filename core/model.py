@@ -85,6 +85,13 @@ class TraceEvent:
     event_id: int = 0
     deps: tuple[int, ...] = ()
 
+    @property
+    def calls(self) -> int:
+        """The calls this event stands for: 1, or more for a launch recorded for the launches of its kernel that
+        the probes only counted (past their record budget: args["calls"])."""
+        n = self.args.get("calls", 1)
+        return n if isinstance(n, int) and n > 1 else 1
+
 
 @dataclass(slots=True)
 class Profile:

@@ -101,7 +101,7 @@ def trace_events(prof: Profile, tl: JobTimeline) -> list[dict[str, Any]]:
         for dev in t.device:
             cat = {EventKind.COMPUTE: "launch", EventKind.COPY: "copy", EventKind.SYNC: "sync"}[dev.kind]
             args: dict[str, Any] = {k: v for k, v in dev.args.items() if k in ("stream", "bytes", "direction",
-                                                                                "gpu_ns", "call")}
+                                                                                "gpu_ns", "call", "calls")}
             slice_(dev.pid, dev.tid, dev.name, cat, dev.start_ns, dev.start_ns + dev.duration_ns, args)
     # placed in time order (outer slices first), so each track's slices nest
     lanes: dict[int, int] = {}

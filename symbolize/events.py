@@ -42,6 +42,10 @@ def _kernel_name(e: RawEvent, func_frame: Frame | None, registered: dict[tuple[i
     return f"[kernel {func:#x}]"
 
 
+# Launches the probes counted in BPF after the last record of their kernel (args "stackless"): no stack was taken.
+UNSAMPLED_LAUNCH = Frame("[launch stack not sampled]", FrameKind.UNKNOWN)
+
+
 def trace_events(cap: Capture, stacks: list[Stack], func_frames: list[Frame | None]) -> list[TraceEvent]:
     """TraceEvents for the capture's non-meta events. `stacks[i]` is the symbolized stack of cap.events[i];
     `func_frames` names each event with a "func" address, in order."""
@@ -59,19 +63,23 @@ def trace_events(cap: Capture, stacks: list[Stack], func_frames: list[Frame | No
         args: dict[str, int | float | str] = {"runtime": e.runtime, "call": e.call}
         args.update(e.args)
         args.update(e.strs)
+        stack = stacks[i] if i < len(stacks) else ()
+        if e.args.get("stackless"):
+            stack = (UNSAMPLED_LAUNCH,)
         out.append(TraceEvent(
             name, kind, e.start_ns, max(e.end_ns - e.start_ns, 0) if e.end_ns else 0, e.pid, e.tid, rank,
-            stack=stacks[i] if i < len(stacks) else (), args=args, event_id=i + 1,
+            stack=stack, args=args, event_id=i + 1,
         ))
     return out
 
 
 def launch_profile(prof: Profile) -> Profile:
-    """One sample per kernel launch: the launching stack, a separator, the kernel (unit: launches)."""
+    """One sample per kernel launch record, weighted by the launches it stands for: the launching stack, a
+    separator, the kernel (unit: launches)."""
     out = Profile(unit="launches", meta=dict(prof.meta), counters={})
     for ev in prof.events:
         if ev.kind != EventKind.COMPUTE:
             continue
         kernel = Frame(ev.name, FrameKind.ACCEL_SOURCE, module=str(ev.args.get("runtime", "")))
-        out.samples.append(Sample((*ev.stack, SEPARATOR, kernel), 1, ev.pid, ev.tid, time_ns=ev.start_ns))
+        out.samples.append(Sample((*ev.stack, SEPARATOR, kernel), ev.calls, ev.pid, ev.tid, time_ns=ev.start_ns))
     return out

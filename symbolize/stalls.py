@@ -232,8 +232,8 @@ def _launch_tables(events: list[TraceEvent]) -> tuple[
     for ev in events:
         if ev.kind != EventKind.COMPUTE:
             continue
-        by_pid[(ev.pid, ev.name)][ev.stack] += 1
-        by_name[ev.name][ev.stack] += 1
+        by_pid[(ev.pid, ev.name)][ev.stack] += ev.calls
+        by_name[ev.name][ev.stack] += ev.calls
         corr = ev.args.get("correlation_id")
         if isinstance(corr, int) and corr:
             by_corr[(ev.pid, corr)] = ev.stack

@@ -237,10 +237,11 @@ class Collector:
         old = pipe.probes
         if not old:
             return
-        old.finish()
+        old.finish(unsent=False)  # launches counted in BPF stay there for the next records
         self.sampler.detach_probes(background=True)  # seconds of kernel grace periods: not on our thread
         self.sampler.forget_libraries_seen()
         pipe.probes = pipe.new_probes()
         pipe.probes.calls_seen, pipe.probes.returns_lost = old.calls_seen, old.returns_lost
+        pipe.probes.calls_counted = old.calls_counted
         for pid, snap in pipe.processes.snaps.items():
             pipe.probes.consider_process(pid, [m.path for m in snap.mappings])

@@ -64,7 +64,7 @@ def view_of(prof: Profile, source: str, pid: int | None = None, top: int = 12) -
         if pid is not None and e.pid != pid:
             continue
         if e.kind == EventKind.COMPUTE:
-            kernels[e.name] += 1
+            kernels[e.name] += e.calls
         elif e.kind == EventKind.COLLECTIVE:
             c = coll.setdefault(e.name, [0, 0])
             c[0] += 1

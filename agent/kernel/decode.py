@@ -36,6 +36,7 @@ class CallRecord:
     user_err: int
     py: tuple[RawPyFrame, ...]
     py_flags: int
+    calls: int = 1  # calls this record stands for (PROBE_SAMPLE: 1 + those counted without a record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +64,7 @@ ProbeRecord = CallRecord | RetRecord | OpenRecord
 
 _HEAD = struct.Struct("<IIQIIii16sIIII")  # sample_rec up to data[]
 _P_HEAD = struct.Struct("<IIQII16s")
-_C_HEAD = struct.Struct("<IIQIIIi8Q4QIIIi128s")  # call_rec up to data[]
+_C_HEAD = struct.Struct("<IIQIIIi8Q4QIIIiII128s")  # call_rec up to data[]
 _R_REC = struct.Struct("<IIQIIIIQQ")
 _O_HEAD = struct.Struct("<IIQII")
 assert _HEAD.size == SampleRec.data.offset and _P_HEAD.size == ctypes.sizeof(ProcRec)
@@ -84,14 +85,14 @@ def _decode_call(buf: bytes) -> CallRecord:
     f = _C_HEAD.unpack_from(buf)
     _, _cpu, t, pid, tid, probe, ulen = f[:7]
     args, derefs = f[7:15], f[15:19]
-    deref_ok, py_count, py_flags, str_len, raw_str = f[19:24]
+    deref_ok, py_count, py_flags, str_len, calls, _pad, raw_str = f[19:26]
     words = (len(buf) - _C_HEAD.size) // 8
     data = struct.unpack_from(f"<{words}Q", buf, _C_HEAD.size) if words > 0 else ()
     nu = min(max(ulen, 0) // 8, len(data))
     string = raw_str[:max(str_len - 1, 0)] if str_len > 0 else None
     return CallRecord(
         probe, t, pid, tid, tuple(args), tuple(d if deref_ok >> i & 1 else None for i, d in enumerate(derefs)),
-        string, tuple(data[:nu]), min(ulen, 0), _py_frames(data, nu, py_count), py_flags,
+        string, tuple(data[:nu]), min(ulen, 0), _py_frames(data, nu, py_count), py_flags, max(calls, 1),
     )
 
 

@@ -43,6 +43,7 @@ class ProbeFlag(enum.IntFlag):
     STOP = 8
     REGS = 16
     RET = 32
+    SAMPLE = 64
 
 
 class Counter(enum.IntEnum):
@@ -60,9 +61,10 @@ class Counter(enum.IntEnum):
     OPEN_LOST = 9
     UW_TAILCALL_FAIL = 10
     STOPS_UNRECORDED = 11
+    CALL_SKIPPED = 12
 
 
-COUNTER_SLOTS = 12
+COUNTER_SLOTS = 13
 
 
 # The head every record starts with (struct sample_rec, proc_rec, call_rec, ret_rec, open_rec).
@@ -127,6 +129,8 @@ class ProbeSpecRec(ctypes.Structure):
         ("str_src", ctypes.c_int16),
         ("out_arg", ctypes.c_int16),
         ("regs", ctypes.c_int16 * PROBE_REGS),
+        ("sample_arg", ctypes.c_int16),
+        ("pad", ctypes.c_int16),
     ]
 
 
@@ -142,6 +146,8 @@ class CallRec(ctypes.Structure):
         ("py_count", ctypes.c_uint32),
         ("py_flags", ctypes.c_uint32),
         ("str_len", ctypes.c_int32),
+        ("calls", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
         ("str", ctypes.c_char * CALL_STR),
         ("data", ctypes.c_uint64 * SAMPLE_WORDS),  # packed: user stack, then 2 words per Python frame
     ]

@@ -75,6 +75,9 @@ class SamplerConfig:
     # With probes: the longest a target stays stopped by them. The stop watchdog (stop_watchdog.py) continues it
     # then, whatever the agent is doing, and at once when the agent dies.
     stop_deadline_ms: int = 800
+    # With probes: launch records a second per CPU (a token bucket of 64); launches beyond are counted per kernel
+    # in BPF and carried by the next record of the same kernel (bpf/runtime_probes.bpf.c, PROBE_SAMPLE). 0: all.
+    call_rate: int = 2000
 
     @property
     def thinning(self) -> int:
@@ -99,6 +102,7 @@ class SamplerConfig:
             f"-DAIFLAME_MAX_TARGETS={self.max_targets}",
             f"-DAIFLAME_KEEP_ONE_IN={self.thinning}",
             f"-DAIFLAME_UW_MAX_DEPTH={max(1, min(self.max_depth, 127))}",
+            f"-DAIFLAME_CALL_INTERVAL_NS={1_000_000_000 // self.call_rate if self.call_rate > 0 else 0}",
         ]
         if self.follow_children:
             flags.append("-DAIFLAME_FOLLOW")
@@ -142,10 +146,12 @@ UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "u
 # The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record, 2
 # scans the stack past code without CFI (samples only: UW_PROG_SCAN).
 UW_PROGS = {"uw_progs": ("uw_step", "sample_finish", "uw_scan"), "uw_call_progs": ("uw_call_step", "call_finish")}
-MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
+MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", "call_skipped",
+        *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+_SAMPLE_KEY = struct.Struct("<IIQ")  # struct sample_key: tgid, probe, arg
 
 
 class CpuSampler:
@@ -342,6 +348,20 @@ class CpuSampler:
     def mark_library_seen(self, path_hash: int) -> None:
         """Opens of this path (FNV-1a of its bytes, as the target passed them) no longer stop targets."""
         self._bpf.maps["libs_seen"].update(_U64.pack(path_hash), b"\x01")
+
+    def take_unsent_calls(self) -> list[tuple[int, int, int, int]]:
+        """Launches counted in BPF without a record that no later record carried, summed over CPUs and taken out
+        of the map: (pid, probe, the launched thing's argument value, calls)."""
+        table = self._bpf.maps.get("call_skipped")
+        if table is None:
+            return []
+        out = []
+        for key in table.keys():
+            n = sum(_U64.unpack(v)[0] for v in table.lookup_percpu(key))
+            table.delete(key)
+            if n:
+                out.append((*_SAMPLE_KEY.unpack(key), n))
+        return out
 
     def forget_libraries_seen(self) -> None:
         """Opens of any library stop targets again (after the probes were detached to be placed anew)."""

@@ -74,6 +74,9 @@ class ProbeSpec:
     out_arg: int = -1  # an argument pointing where the call writes a result (a handle), read at return
     stop: bool = False  # stop the process at entry until the agent has looked at it (see ProbeManager)
     regs: tuple[int, ...] = ()  # registers (0-15) captured as ARG0.. instead of the argument registers
+    # A launch: the argument naming what is launched (the kernel). Calls past the per-CPU record budget are then
+    # counted per value of it in BPF, and the next record of the same value stands for them too ("calls").
+    sample_arg: int = -1
     # a USDT site: where each of its arguments is in the Call (UsdtValue), and its semaphore's file offset
     usdt: tuple[UsdtValue, ...] = ()
     semaphore: int = 0
@@ -106,6 +109,7 @@ class Call:
     end_ns: int = 0
     ret: int | None = None
     out: int | None = None
+    calls: int = 1  # calls this one stands for (see ProbeSpec.sample_arg)
 
     def arg(self, i: int, bits: int = 64, signed: bool = False) -> int:
         """Argument register `i` cut to `bits` (int arguments leave garbage in the upper half)."""
@@ -119,7 +123,10 @@ class Call:
         return None if v is None else v & ((1 << bits) - 1)
 
     def event(self, runtime: str, kind: str, call: str = "", **args: int) -> RawEvent:
-        """A RawEvent for this call with the caller's stack; `args` are the named arguments."""
+        """A RawEvent for this call with the caller's stack; `args` are the named arguments, and "calls" when the
+        record stands for more calls than itself."""
+        if self.calls > 1:
+            args["calls"] = self.calls
         return RawEvent(runtime, call or self.spec.call, kind, self.pid, self.tid, self.start_ns, self.end_ns,
                         self.user, self.user_err, self.py, self.py_flags, dict(args))
 

@@ -48,14 +48,16 @@ SPECS = [
     _spec("__cudaRegisterFunction", stack=False, string=ARG3),
     _spec("__cudaGetKernel", ret=True, stack=False, out_arg=ARG0),
     # runtime launches: grid x|y<<32 in rsi, grid z in edx, block in rcx/r8d, shmem and stream on the stack
-    _spec("cudaLaunchKernel", ret=True, derefs=(Deref(SP, 8), Deref(SP, 16))),
-    _spec("cudaLaunchKernel_ptsz", "cudaLaunchKernel", ret=True, derefs=(Deref(SP, 8), Deref(SP, 16))),
-    _spec("cudaLaunchCooperativeKernel", ret=True, derefs=(Deref(SP, 8), Deref(SP, 16))),
+    # (launches name their kernel in `sample_arg`: past the record budget they are counted per kernel in BPF)
+    _spec("cudaLaunchKernel", ret=True, derefs=(Deref(SP, 8), Deref(SP, 16)), sample_arg=ARG0),
+    _spec("cudaLaunchKernel_ptsz", "cudaLaunchKernel", ret=True, derefs=(Deref(SP, 8), Deref(SP, 16)),
+          sample_arg=ARG0),
+    _spec("cudaLaunchCooperativeKernel", ret=True, derefs=(Deref(SP, 8), Deref(SP, 16)), sample_arg=ARG0),
     # cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args): grid, block, shmem, stream in config
     _spec("cudaLaunchKernelExC", ret=True, derefs=(Deref(ARG0, 0), Deref(ARG0, 8), Deref(ARG0, 16),
-                                                   Deref(ARG0, 24))),
+                                                   Deref(ARG0, 24)), sample_arg=ARG0 + 1),
     _spec("cudaLaunchKernelExC_ptsz", "cudaLaunchKernelExC", ret=True,
-          derefs=(Deref(ARG0, 0), Deref(ARG0, 8), Deref(ARG0, 16), Deref(ARG0, 24))),
+          derefs=(Deref(ARG0, 0), Deref(ARG0, 8), Deref(ARG0, 16), Deref(ARG0, 24)), sample_arg=ARG0 + 1),
     # copies: (dst, src, count, kind[, stream])
     _spec("cudaMemcpy", ret=True),
     _spec("cudaMemcpy_ptds", "cudaMemcpy", ret=True),
@@ -70,9 +72,9 @@ SPECS = [
     _spec("cudaEventSynchronize", ret=True),
     # driver: launches, modules from memory, function lookups
     _spec("cuLaunchKernel cuLaunchKernel_ptsz", "cuLaunchKernel", ret=True,
-          derefs=(Deref(SP, 8), Deref(SP, 16), Deref(SP, 24))),
+          derefs=(Deref(SP, 8), Deref(SP, 16), Deref(SP, 24)), sample_arg=ARG0),
     _spec("cuLaunchKernelEx cuLaunchKernelEx_ptsz", "cuLaunchKernelEx", ret=True,
-          derefs=(Deref(ARG0, 0), Deref(ARG0, 8), Deref(ARG0, 16), Deref(ARG0, 24))),
+          derefs=(Deref(ARG0, 0), Deref(ARG0, 8), Deref(ARG0, 16), Deref(ARG0, 24)), sample_arg=ARG0 + 1),
     _spec("cuModuleLoadData", ret=True, out_arg=ARG0),
     _spec("cuModuleLoadDataEx", ret=True, out_arg=ARG0),
     _spec("cuModuleLoadFatBinary", ret=True, out_arg=ARG0),

@@ -74,7 +74,7 @@ SPECS = [
     _spec("zeModuleDestroy", stack=False),
     _spec("zeKernelDestroy", stack=False),
     # (hCommandList, hKernel, const ze_group_count_t *, hSignalEvent, numWaitEvents, phWaitEvents)
-    *(_spec(c, ret=True, derefs=_GROUPS) for c in LAUNCHES),
+    *(_spec(c, ret=True, derefs=_GROUPS, sample_arg=ARG1) for c in LAUNCHES),
     # the group counts live in device-visible memory the GPU may still write: not read
     _spec("zeCommandListAppendLaunchKernelIndirect", ret=True),
     # (hCommandList, void *dst, const void *src, size_t size, hSignalEvent, numWaitEvents, phWaitEvents)

@@ -60,6 +60,9 @@ def spec_rec(spec: ProbeSpec) -> ProbeSpecRec:
         flags |= ProbeFlag.REGS
     if spec.ret:
         flags |= ProbeFlag.RET
+    rec.sample_arg = spec.sample_arg
+    if spec.sample_arg >= 0:
+        flags |= ProbeFlag.SAMPLE
     rec.flags = int(flags)
     return rec
 
@@ -71,6 +74,7 @@ class ProbeTarget(Protocol):
     def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]: ...
     def mark_library_seen(self, path_hash: int) -> None: ...
     def resumed(self, pid: int, stopped_ns: int) -> None: ...
+    def take_unsent_calls(self) -> list[tuple[int, int, int, int]]: ...
 
 
 @dataclass
@@ -130,7 +134,9 @@ class ProbeManager:
         self.stop_deadline_ns = stop_deadline_ns
         self.attached: list[Attached] = []
         self.warnings: list[str] = []
-        self.calls_seen = 0
+        self.calls_seen = 0  # records of calls
+        self.calls_counted = 0  # calls they stand for, and those counted without a record (take_unsent)
+        self.calls_unsent = 0  # of those, counted in BPF and left when the capture ended (events without a stack)
         self.returns_lost = 0
         self.stops_late = 0  # stop records read after the deadline (the target was continued first)
         self.libs_seen_full = 0  # library paths BPF could not remember (their next open stops the target again)
@@ -338,7 +344,8 @@ class ProbeManager:
             user = (user[0], ret_addr, *user[1:])
         stack = self._open.setdefault(rec.tid, [])
         call = Call(spec, rec.pid, rec.tid, rec.time_ns, rec.args, rec.derefs, rec.string, user, rec.user_err,
-                    rec.py, rec.py_flags, parent=stack[-1].spec.call if stack else "")
+                    rec.py, rec.py_flags, parent=stack[-1].spec.call if stack else "", calls=rec.calls)
+        self.calls_counted += rec.calls
         if spec.ret:
             if len(stack) >= MAX_PENDING_PER_THREAD:
                 self.returns_lost += 1
@@ -399,14 +406,39 @@ class ProbeManager:
         self._events, self._code = [], []
         return ev, code
 
-    def finish(self) -> None:
-        """The capture ends: calls still open are decoded without an end, stopped targets continue."""
+    def finish(self, end_ns: int = 0, *, unsent: bool = True) -> None:
+        """The capture ends: calls still open are decoded without an end, launches counted without a record since
+        their key's last record become events of their own (no stack; `unsent=False` leaves them in BPF for a
+        later record), stopped targets continue."""
         for stack in self._open.values():
             for call in stack:
                 self._finish(call)
         self._open.clear()
+        if unsent:
+            self.take_unsent(end_ns)
         for pid in list(self._stopped):
             self._continue(pid)
+
+    def take_unsent(self, end_ns: int) -> None:
+        """Launches BPF counted without a record (over the record budget) and no later record carried: one event
+        per (process, probe, kernel) with their count in "calls" and no stack."""
+        try:
+            unsent = self._bpf.take_unsent_calls()
+        except OSError as e:
+            self.warnings.append(f"cannot read the launches counted in BPF: {e.strerror}")
+            return
+        for pid, probe, arg, n in unsent:
+            if probe >= len(self._specs) or n <= 0:
+                continue
+            spec = self._specs[probe][1]
+            args = [0] * 8
+            args[spec.sample_arg & 7] = arg
+            self.calls_counted += n
+            self.calls_unsent += n
+            first = len(self._events)
+            self._finish(Call(spec, pid, 0, end_ns, tuple(args), (None,) * 4, None, calls=n))
+            for ev in self._events[first:]:
+                ev.args["stackless"] = 1
 
     def probed_files(self) -> list[Attached]:
         return list(self.attached)

@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rt = p.add_argument_group("accelerator runtimes")
     rt.add_argument("--no-runtimes", action="store_true",
                     help="do not probe CUDA, NCCL, gloo or Level Zero calls (CPU sampling only)")
+    rt.add_argument("--launch-stacks", type=argtypes.int_range(0, 1_000_000), default=2000, metavar="N",
+                    help="kernel launches recorded with their stack per second per CPU (default 2000; 0: all); "
+                         "launches beyond are counted per GPU kernel in BPF and carried by the next record of "
+                         "the same kernel, so counts stay exact and nothing is lost")
     gs = p.add_argument_group("accelerator stall samples (NVIDIA CUPTI in targets started with -- CMD; Intel xe)")
     gs.add_argument("--no-gpu-samples", action="store_true",
                     help="do not load the CUPTI PC-sampling collector into the command, nor open Xe EU stall streams")
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command),
-                            probes=not args.no_runtimes)
+                            probes=not args.no_runtimes, call_rate=args.launch_stacks)
     if args.print_bpf:
         print(bpf_source(sampler))
         return 0

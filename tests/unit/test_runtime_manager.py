@@ -29,6 +29,7 @@ class FakeBpf:
         self.attached: list[tuple[str, int, int, bool]] = []
         self.seen: set[int] = set()
         self.resumed_pids: list[int] = []
+        self.unsent: list[tuple[int, int, int, int]] = []  # what BPF counted without records, for take_unsent
 
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
         self.specs[probe] = spec
@@ -42,6 +43,10 @@ class FakeBpf:
 
     def resumed(self, pid: int, stopped_ns: int) -> None:
         self.resumed_pids.append(pid)
+
+    def take_unsent_calls(self) -> list[tuple[int, int, int, int]]:
+        out, self.unsent = self.unsent, []
+        return out
 
 
 class Libc(Runtime):
