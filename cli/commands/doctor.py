@@ -57,8 +57,8 @@ def daemon_hardening(console: Console, verbose: bool = False) -> None:
     from aiflame.cli.unit_hardening import unit_table
 
     rows, daemons = unit_table()
-    installed = any(installed != "(not installed)" for _, _, installed in rows)
-    if not (verbose or installed or daemons):
+    unit_installed = any(installed != "(not installed)" for _, _, installed in rows)
+    if not (verbose or unit_installed or daemons):
         console.print("daemon: unit not installed, no daemon running (--verbose shows the unit's hardening)",
                       highlight=False)
         return

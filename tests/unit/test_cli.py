@@ -52,7 +52,7 @@ def test_usage_errors_are_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["nonsense"], "argument COMMAND: invalid choice: 'nonsense'"),
-    (["profile", "-F", "0", "-p", "1"], "argument -F/--frequency: must be between 1 and 20000 Hz (see 'aiflame profile"),
+    (["profile", "-F", "0", "-p", "1"], "-F/--frequency: must be between 1 and 20000 Hz (see 'aiflame profile"),
     (["export"], "the following arguments are required: capture, -f/--format (see 'aiflame export --help')"),
     (["report", "comm"], "required: capture (see 'aiflame report comm --help')"),
     (["chakra", "nope"], "invalid choice: 'nope'"),
