@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,6 +95,15 @@ def _check_target(pid: int | None) -> None:
             raise TargetGone(str(e)) from None
 
 
+def _regular_file(path: Path) -> bool:
+    """A file a run of ours wrote (captures are written as regular files, never through a link: something else
+    planted under the name is replaced safely, core/safe_files.py)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 def _check_out_dir(out_dir: Path, *, force: bool) -> None:
     """Refuse `-o -` (a directory is written, not a stream), and a directory holding an earlier capture (or one
     cut short) unless `force`: a second run into the same DIR would silently replace the first."""
@@ -107,7 +117,7 @@ def _check_out_dir(out_dir: Path, *, force: bool) -> None:
     if force:
         return
     capture = f"{SessionConfig.prefix}.aiflame"
-    earlier = [name for name in (capture, f"{capture}.partial") if (out_dir / name).exists()]
+    earlier = [name for name in (capture, f"{capture}.partial") if _regular_file(out_dir / name)]
     if earlier:
         raise BadInput(f"{out_dir} already holds a capture ({earlier[0]}): give another -o DIR, or --force to "
                        "replace it")

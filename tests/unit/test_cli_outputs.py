@@ -98,3 +98,18 @@ def test_profile_keeps_an_earlier_capture(tmp_path: Path, capsys: pytest.Capture
         _one_error_line(capsys.readouterr().err, f"{tmp_path} already holds a capture ({name})", "--force")
         assert (tmp_path / name).read_bytes() == b"an earlier run"
         (tmp_path / name).unlink()
+
+
+def test_a_planted_link_is_not_an_earlier_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Captures are regular files; a link under the name is something else, replaced safely by the writer
+    (tests/integration/test_hostile.py plays that for real), so it does not stop the run."""
+    from aiflame.cli.commands.profile import _check_out_dir
+    from aiflame.core.errors import BadInput
+
+    (tmp_path / "victim").write_text("root's data")
+    (tmp_path / "profile.aiflame").symlink_to(tmp_path / "victim")
+    _check_out_dir(tmp_path, force=False)  # no error
+    (tmp_path / "profile.aiflame.partial").write_text("cut short")
+    with pytest.raises(BadInput, match=r"already holds a capture \(profile.aiflame.partial\)"):
+        _check_out_dir(tmp_path, force=False)
+    _check_out_dir(tmp_path, force=True)
