@@ -1,17 +1,21 @@
 """Merge accelerator stall records saved elsewhere into a capture, so a GPU host's samples are joined offline with
 the launch stacks the capture holds (`aiflame import`). The parsers are symbolize/vendor/xe_eu_stall.py,
 symbolize/vendor/rocprof_pc.py and symbolize/vendor/cupti_stream.py (the stream aiflame's CUPTI injection library
-writes, folded as `aiflame profile` folds it); another aiflame capture contributes its stall samples and GPU code."""
+writes, folded as `aiflame profile` folds it); another aiflame capture contributes its stall samples and GPU code.
+
+Every file is checked for being what its format says before anything is written: a file of another kind (an ELF
+binary, a text file, a capture given as a stream, bytes that are not whole records of the layout) is refused with
+one line naming what it looks like. A file of the right kind with no samples is imported and named in the notes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiflame.core.errors import BadInput
 from aiflame.core.raw import Capture, CaptureFooter, GpuCode, RawStallSample
-from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS, parse_records
+from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS, XeParse, parse_records
 
 if TYPE_CHECKING:
     from aiflame.symbolize.vendor.rocprof_pc import CodeObject
@@ -33,6 +37,7 @@ class ImportResult:
     stall_samples: int
     counters: dict[str, int]
     gpu_code: int
+    notes: list[str] = field(default_factory=list)  # files of the right kind that held no samples
 
 
 def import_records(
@@ -40,19 +45,20 @@ def import_records(
     records: list[Path],
     fmt: str,
     *,
-    output: Path | None = None,
+    output: Path,
     platform: str | None = None,
     record_size: int = 64,
     pid: int = 0,
     device: int = -1,
     code_objects: list[tuple[int, Path]] | None = None,
 ) -> ImportResult:
-    """Parse `records` and write `capture` plus their samples to `output` (default: `capture`, replaced
-    atomically). Raises ImportRecordsError, CaptureError or a SymbolizeError, each one line."""
+    """Parse `records` and write `capture` plus their samples to `output` (atomically; `output` may be `capture`
+    itself, replaced only when the caller says so). Raises ImportRecordsError, CaptureError or a SymbolizeError,
+    each one line, before anything is written."""
     # here, not at the top: `aiflame` imports this module for FORMATS and LAYOUTS when it builds its parser
     from aiflame.core.capture import read_capture, write_capture
     from aiflame.symbolize.vendor.rocprof_pc import code_object_from_elf
-    from aiflame.symbolize.vendor.rocprof_pc import parse_file as parse_rocprof_file
+    from aiflame.symbolize.vendor.rocprof_pc import parse_records as parse_rocprof_records
 
     if fmt not in FORMATS:
         raise ImportRecordsError(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
@@ -65,25 +71,28 @@ def import_records(
         for k, v in more.items():
             counters[k] = counters.get(k, 0) + v
 
+    notes: list[str] = []
     if fmt == "xe":
         if platform is None:
             raise ImportRecordsError("--platform is required for Xe records (pvc, xe2 or xe3p)")
         for path in records:
-            data = _read(path)
+            data = _read(path, "Xe EU stall records")
             parsed = parse_records(data, platform, record_size=record_size, device=device)
-            if parsed.records and parsed.foreign == parsed.records:
-                raise ImportRecordsError(f"{path}: no record is a {platform} EU stall record (wrong --platform or "
-                                         "not EU stall data)")
+            _check_xe(path, parsed, platform, record_size)
+            if not parsed.samples:
+                notes.append(f"{path}: {parsed.records} EU stall records, none with a stall counted")
             stalls.extend(s if not pid else _with_pid(s, pid) for s in parsed.samples)
             add(parsed.counters())
     elif fmt == "rocprof":
         cos: dict[int, CodeObject] = {}
         for ident, path in code_objects or []:
-            data = _read(path)
+            data = _read(path, "an AMDGPU code object")
+            _check_amdgpu(path, data)
             cos[ident] = code_object_from_elf(ident, data)
             code.append(GpuCode(cos[ident].digest, "amdgpu-elf", 0, str(path), data))
         for path in records:
-            parsed_r = parse_rocprof_file(path, code_objects=cos, pid=pid, device=device)
+            parsed_r = parse_rocprof_records(_read(path, "rocprofiler PC-sampling records"), code_objects=cos,
+                                             pid=pid, device=device, label=str(path))
             stalls.extend(parsed_r.samples)
             add(parsed_r.counters())
     elif fmt == "cupti":
@@ -91,8 +100,10 @@ def import_records(
         from aiflame.symbolize.vendor.cupti_stream import parse_stream
 
         for path in records:
-            stream = parse_stream(_read(path), name=str(path), keep_pcs=False)
+            stream = parse_stream(_read(path, "a CUPTI stream"), name=str(path), keep_pcs=False)
             samples, cubins, counts = stalls_from_stream(stream)
+            if not samples:
+                notes.append(f"{path}: a CUPTI stream of pid {stream.pid} with no PC samples")
             stalls.extend(s if not pid else _with_pid(s, pid) for s in samples)
             code.extend(cubins)
             add(dict(counts))
@@ -100,7 +111,10 @@ def import_records(
                 add({"cupti_stream_problems": len(stream.problems) + (not stream.complete)})
     else:
         for path in records:
+            _read(path, "an aiflame capture")
             other = read_capture(path)
+            if not other.stalls:
+                notes.append(f"{path}: a capture without stall samples")
             stalls.extend(other.stalls)
             code.extend(other.gpu_code)
             if other.footer:
@@ -116,8 +130,8 @@ def import_records(
         merged.footer.counters[k] = merged.footer.counters.get(k, 0) + v
     merged.footer.counters["imported_stall_samples"] = (merged.footer.counters.get("imported_stall_samples", 0)
                                                         + sum(s.count for s in stalls))
-    write_capture(output or capture, merged)
-    return ImportResult(len(stalls), sum(s.count for s in stalls), counters, len(new_code))
+    write_capture(output, merged)
+    return ImportResult(len(stalls), sum(s.count for s in stalls), counters, len(new_code), notes)
 
 
 def _with_pid(s: RawStallSample, pid: int) -> RawStallSample:
@@ -126,8 +140,61 @@ def _with_pid(s: RawStallSample, pid: int) -> RawStallSample:
     return replace(s, pid=pid)
 
 
-def _read(path: Path) -> bytes:
+# What a file of another kind starts with, to name it in the refusal.
+_MAGICS = ((b"\x7fELF", "an ELF file"), (b"AIFLCAP\n", "an aiflame capture (--format capture)"),
+           (b"AIFLCUPT", "a CUPTI stream (--format cupti)"), (b"\x1f\x8b", "a gzip file"),
+           (b"PK\x03\x04", "a zip file"), (b"\x89PNG", "a PNG image"))
+_EXPECTED_MAGIC = {"an AMDGPU code object": b"\x7fELF", "an aiflame capture": b"AIFLCAP\n",
+                   "a CUPTI stream": b"AIFLCUPT"}
+_EM_AMDGPU = 224
+
+
+def _read(path: Path, what: str) -> bytes:
+    """The bytes of `path`, which should hold `what` ("a CUPTI stream"): refused (one line) when it cannot be read,
+    is empty, or is recognizably another kind of file (a magic of another format, or text where records are
+    binary)."""
     try:
-        return path.read_bytes()
+        data = path.read_bytes()
     except OSError as e:
         raise ImportRecordsError(f"{path}: {e.strerror}") from None
+    if not data:
+        raise ImportRecordsError(f"{path}: empty file, not {what}")
+    expected = _EXPECTED_MAGIC.get(what)
+    for magic, kind in _MAGICS:
+        if data.startswith(magic) and magic != expected:
+            raise ImportRecordsError(f"{path}: {kind}, not {what}")
+    if not (expected and data.startswith(expected)) and _is_text(data):
+        raise ImportRecordsError(f"{path}: a text file, not {what}")
+    return data
+
+
+def _is_text(data: bytes) -> bool:
+    """Printable UTF-8 (with line breaks and tabs) throughout its first 4 KiB: binary records always hold zero
+    bytes (their unused high bits), text never does."""
+    head = data[:4096]
+    try:
+        text = head.decode()
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 3:  # not only a character cut at the 4 KiB boundary
+            return False
+        text = head[:e.start].decode()
+    return all(c.isprintable() or c in "\n\r\t" for c in text)
+
+
+def _check_xe(path: Path, parsed: XeParse, platform: str, record_size: int) -> None:
+    """Refuse bytes that are not whole EU stall records of `platform`: a tail shorter than a record, or more than
+    1% of records with bits set where the layout has none (an Xe record of another platform, or not one at all)."""
+    hint = "not EU stall data, or a wrong --platform / --record-size"
+    if parsed.partial_bytes:
+        raise ImportRecordsError(f"{path}: {parsed.records * record_size + parsed.partial_bytes} bytes are not whole "
+                                 f"{record_size}-byte records ({hint})")
+    if parsed.foreign * 100 > parsed.records:
+        raise ImportRecordsError(f"{path}: {parsed.foreign} of {parsed.records} records are not {platform} EU stall "
+                                 f"records ({hint})")
+
+
+def _check_amdgpu(path: Path, data: bytes) -> None:
+    machine = int.from_bytes(data[18:20], "little") if len(data) >= 20 else -1
+    if machine != _EM_AMDGPU:
+        raise ImportRecordsError(f"{path}: an ELF file for machine {machine}, not an AMDGPU code object "
+                                 f"(e_machine {_EM_AMDGPU})")

@@ -34,7 +34,7 @@ def run(mode: str, steps: int, tmp: Path) -> dict[str, float]:
         cmd = target
     else:
         extra = ["--no-runtimes"] if mode == "aiflame_no_runtimes" else []
-        cmd = aiflame_cmd("profile", "-q", "-o", str(out), "--formats", "folded", *extra, "--", *target)
+        cmd = aiflame_cmd("profile", "-q", "-o", str(out), "--force", "--formats", "folded", *extra, "--", *target)
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     recs = [json.loads(line) for line in expect.read_text().splitlines()]
     res = {out_key: 1000 * statistics.median(s for r in recs for s in r[key][SKIP:])

@@ -1,5 +1,5 @@
 """Validated argument types shared by the `aiflame` subcommands: each turns a command-line string into a value or
-raises argparse's error, which argparse prints as one usage line."""
+raises argparse's error, which `aiflame.cli.main` prints as one line."""
 
 from __future__ import annotations
 

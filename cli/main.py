@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -37,10 +38,27 @@ COMMANDS: tuple[Command, ...] = (profile, export, render, report, chakra, annota
                                  recover, doctor, agent, trigger, status, top)
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+USAGE_ERROR = 2  # argparse's status for a command line it cannot parse
+
+
+class _ParseError(Exception):
+    """A command line argparse refused; `main` prints it as one line."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error is raised (one line, printed by `main`) rather than printed with the
+    usage; the subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ParseError(message, self.prog)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="aiflame", description="Low-overhead eBPF profiler for AI hosts: CPU stacks and flame graphs.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -60,14 +78,16 @@ def error(message: str, exit_code: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command line (without the program name); its exit status. Usage errors argparse finds are
-    printed by argparse with the usage, exit status 2."""
+    """Run one command line (without the program name); its exit status. A usage error argparse finds is one
+    line, `aiflame: error: <what> (see 'aiflame CMD --help')`, exit status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help and --version (0), usage errors (2): already printed
-        return e.code if isinstance(e.code, int) else 2
+    except _ParseError as e:
+        return error(f"{e} (see '{e.prog} --help')", USAGE_ERROR)
+    except SystemExit as e:  # --help and --version (0): already printed
+        return e.code if isinstance(e.code, int) else USAGE_ERROR
     if args.cmd is None:
         parser.print_help()
         return 2

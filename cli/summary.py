@@ -75,7 +75,7 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     if py:
         console.print(py)
     if (walked := unwind_line(prof)):
-        console.print(walked)
+        console.print(escape(walked))  # file names such as `[unknown]` or `[vdso]` are text, not markup
     if prof.events:
         from aiflame.cli.summary_events import print_events
 

@@ -103,6 +103,8 @@ class Exporter(abc.ABC):
     writes_many: ClassVar[bool] = False
     # Reads the capture's timed events, not a stack view: written once per capture (from its CPU view).
     whole_capture: ClassVar[bool] = False
+    # `render` makes text (UTF-8) a terminal or a pipe can take: `-o -` may send it to stdout.
+    text: ClassVar[bool] = False
     # What the last `write` could not represent exactly, one line each.
     warnings: Sequence[str] = ()
 

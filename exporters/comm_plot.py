@@ -114,6 +114,7 @@ class CommPlotExporter(Exporter):
 
     name = "comm-svg"
     extension = ".comm.svg"
+    text = True
     description = "collective bytes per rank as SVG bars (log scale), ranks that differ from their peers outlined"
     whole_capture = True
     options = (

@@ -60,6 +60,7 @@ class FoldedExporter(Exporter):
 
     name = "folded"
     extension = ".folded"
+    text = True
     description = "folded stacks for flamegraph.pl, inferno, speedscope and Pyroscope"
     options = (
         Option("lines", bool, False, "append [file:line] to native frames when known"),

@@ -172,6 +172,7 @@ class PerfettoExporter(Exporter):
 
     name = "perfetto"
     extension = ".perfetto.json"
+    text = True
     description = "timeline for Perfetto / chrome://tracing: compute, collectives, p2p, waits, launches per rank"
 
     def render(self, profile: Profile) -> bytes:

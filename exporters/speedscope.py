@@ -70,6 +70,7 @@ class SpeedscopeExporter(Exporter):
 
     name = "speedscope"
     extension = ".speedscope.json"
+    text = True
     description = "speedscope JSON (https://www.speedscope.app)"
 
     def render(self, profile: Profile) -> bytes:

@@ -207,6 +207,7 @@ class SvgExporter(Exporter):
 
     name = "svg"
     extension = ".svg"
+    text = True
     description = "interactive flame graph SVG (click to zoom, Ctrl-F to search)"
     options = (
         Option("title", str, "Flame Graph", "title at the top of the graph"),

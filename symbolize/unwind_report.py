@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from aiflame.core.raw import RawSample
 from aiflame.core.unwind import END, STOPS, USED_FP, USED_SCAN, stop_of
 
+UNKNOWN_FILE = "[unknown]"  # where the outermost frame reached lies in no mapping (or one without a file)
+
 
 def unwind_report(samples: Iterable[RawSample], where: Callable[[RawSample], str]) -> tuple[dict[str, int], str]:
     """(counters, worst) for `samples`; `where(s)` names the file holding the outermost frame the walk reached."""
@@ -31,5 +33,5 @@ def unwind_report(samples: Iterable[RawSample], where: Callable[[RawSample], str
     worst = ""
     if early:
         (path, key), n = early.most_common(1)[0]
-        worst = f"{path or '[no mapping]'} ({n} samples: {key.replace('_', ' ')})"
+        worst = f"{path or UNKNOWN_FILE} ({n} samples: {key.replace('_', ' ')})"
     return dict(counters), worst

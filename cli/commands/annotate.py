@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,13 +16,18 @@ from rich.markup import escape
 from aiflame.cli import argtypes
 from aiflame.symbolize.annotate import KINDS, Annotation, Instruction
 
+if TYPE_CHECKING:
+    from aiflame.symbolize.annotate.python import PythonAnnotation
+
 __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
 
 NAME = "annotate"
-HELP = "a function's instructions with their samples (x86-64 code, or a GPU kernel's SASS)"
+HELP = "a function's instructions or lines with their samples (x86-64 code, a GPU kernel's SASS, Python source)"
 DESCRIPTION = ("Disassemble one function of a capture's binaries (x86-64), or a GPU kernel's SASS, and show\n"
                "the samples on each instruction (leaf frames only, as perf annotate counts them), its share of the\n"
-               "function, its source line and, for a kernel, its stall reasons; the hottest instructions are marked.")
+               "function, its source line and, for a kernel, its stall reasons; the hottest instructions are marked.\n"
+               "For a Python function, its source lines: the samples with the function on the stack at each line\n"
+               "(total) and those with it the innermost Python frame (self), from the Python frames the capture holds.")
 
 EXAMPLES = """examples:
   aiflame annotate out/profile.aiflame hot_loop              every instruction, source lines interleaved
@@ -30,6 +36,8 @@ EXAMPLES = """examples:
   aiflame annotate out/profile.aiflame prog+0x1190           code without symbols, by file offset
   aiflame annotate out/profile.aiflame prog+0x1180-0x11f0    a range of file offsets
   aiflame annotate out/profile.aiflame scale --kind gpu      a GPU kernel's SASS with its stall reasons
+  aiflame annotate out/profile.aiflame train_step            a Python function, line by line
+  aiflame annotate out/profile.aiflame Model.forward -s samples   its sampled lines, hottest first
 """
 
 _REASONS_SHOWN = 3
@@ -41,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `annotate`."""
     p.add_argument("capture", help="a .aiflame capture file")
     p.add_argument("symbol", metavar="SYMBOL",
-                   help="function or GPU kernel: mangled, demangled, short name or a unique part of it; "
+                   help="function or GPU kernel: mangled, demangled, short name or a unique part of it; a Python "
+                        "function's qualified name (Model.forward), its last part, or FILE.py:QUALNAME; "
                         "or DSO+0xOFFSET / DSO+0xSTART-0xEND (file offsets) for code without symbols")
     p.add_argument("-s", "--sort", choices=("address", "samples"), default="address",
                    help="address: every instruction in order, source lines interleaved (default); samples: the "
@@ -50,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="mark the N hottest instructions (default 5)")
     p.add_argument("--dso", metavar="BINARY", help="look only in this binary (path, file name, or its start: libc)")
     p.add_argument("--kind", choices=KINDS, default="auto",
-                   help="native code or a GPU kernel (default: whichever the name designates)")
+                   help="native code, a GPU kernel or a Python function (default: whichever the name designates; "
+                        "a Python function named exactly comes before native code)")
     p.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
                    help="extra directory of separate debug files (DIR/.build-id/xx/yyyy.debug); repeatable")
     p.add_argument("--no-source", action="store_true", help="don't read source files for their text")
@@ -60,13 +70,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Execute the parsed `annotate` command; AnnotateError and CaptureError reach main as one-line errors."""
     from aiflame.core.capture import read_capture
-    from aiflame.symbolize.annotate import annotate
+    from aiflame.symbolize.annotate import annotate_any
 
     cap = read_capture(args.capture)
-    ann = annotate(cap, args.symbol, kind=args.kind, dso=args.dso, hot=args.hot,
+    ann = annotate_any(cap, args.symbol, kind=args.kind, dso=args.dso, hot=args.hot,
                    debug_dirs=(*args.debug_dir, "/usr/lib/debug"), sass=not args.no_sass, source=not args.no_source)
-    render(Console(highlight=False, soft_wrap=True), ann, by_samples=args.sort == "samples")
+    console = Console(highlight=False, soft_wrap=True)
+    if isinstance(ann, Annotation):
+        render(console, ann, by_samples=args.sort == "samples")
+    else:
+        render_python(console, ann, by_samples=args.sort == "samples")
     return 0
+
+
+def render_python(console: Console, ann: PythonAnnotation, *, by_samples: bool = False) -> None:
+    """Print a Python function's lines: total (on the stack) and self (innermost Python frame) samples per line,
+    the share of the function's total, the source text; the hottest lines marked."""
+    console.print(f"[bold]{escape(ann.qualname)}[/]  {escape(ann.file)}:{ann.firstlineno} (Python)")
+    share = f"{100 * ann.samples / ann.total:.1f}% of the capture's {ann.total}" if ann.total else "all"
+    k = sum(1 for ln in ann.lines if ln.hot)
+    marked = f"; the {k} hottest lines marked >1..>{k}" if k > 1 else "; the hottest marked >1" if k else ""
+    console.print(f"{_count(ann.samples, 'samples')} with it on the stack ({share}), {ann.self_samples} with it "
+                  f"the innermost Python frame{marked}")
+    console.print()
+    console.print(f"[bold]{'':3} {'percent':>7} {'total':>8} {'self':>8}  {'line':>6}  source[/]")
+    rows = ann.hottest() if by_samples else list(ann.lines)
+    for ln in rows:
+        text = "" if ln.text is None else ln.text
+        row = (f"{f'>{ln.hot}' if ln.hot else '':3} {f'{ln.percent:.2f}' if ln.total else '':>7} "
+               f"{ln.total or '':>8} {ln.self_ or '':>8}  {ln.line:>6}  {text}")
+        style = "bold red" if ln.hot else "yellow" if ln.percent >= 0.5 else "" if ln.total else "dim"
+        line = escape(row.rstrip())
+        console.print(f"[{style}]{line}[/]" if style else line)
+    for note in ann.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def render(console: Console, ann: Annotation, *, by_samples: bool = False) -> None:

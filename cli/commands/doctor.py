@@ -23,13 +23,16 @@ __all__ = ["CHECKS", "DESCRIPTION", "EXAMPLES", "HELP", "NAME", "Check", "add_ar
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--pid", type=int, metavar="PID",
                    help="also show, per executable file PID maps, how much of its code the CFI unwinder covers")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also show the daemon unit's hardening table (shown anyway when the unit is installed or "
+                        "a daemon runs)")
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
     status = doctor(console)
     nvidia(console)
-    daemon_hardening(console)
+    daemon_hardening(console, verbose=args.verbose)
     if args.pid is not None:
         unwind_coverage(console, args.pid)
     return status
@@ -48,12 +51,17 @@ def nvidia(console: Console) -> None:
     console.print(table)
 
 
-def daemon_hardening(console: Console) -> None:
+def daemon_hardening(console: Console, verbose: bool = False) -> None:
     """The daemon's sandbox: the shipped unit's hardening against the installed one's, and what a running daemon
-    has in fact (docs/daemon.md, "Security")."""
+    has in fact (docs/daemon.md, "Security"). On a host without the unit or a daemon, one line unless `verbose`."""
     from aiflame.cli.unit_hardening import unit_table
 
     rows, daemons = unit_table()
+    unit_installed = any(installed != "(not installed)" for _, _, installed in rows)
+    if not (verbose or unit_installed or daemons):
+        console.print("daemon: unit not installed, no daemon running (--verbose shows the unit's hardening)",
+                      highlight=False)
+        return
     table = Table(title="daemon unit hardening (deploy/aiflame-agent.service)", title_justify="left")
     for col in ("setting", "shipped", "installed"):
         table.add_column(col)

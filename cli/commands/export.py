@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from aiflame.cli.commands import UsageError, warn
+from aiflame.cli.output import check_output, is_stdout, write_output
 from aiflame.cli.stack_view import add_view_options, load_view
 from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
 
@@ -22,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("capture", type=Path, help="a .aiflame capture file")
     p.add_argument("-f", "--format", required=True, help=f"one of: {', '.join(REGISTRY)}")
     p.add_argument("-o", "--output", type=Path,
-                   help="output file (default: capture name + extension); for chakra a prefix: PREFIX.<rank>.et")
+                   help="output file (default: capture name + extension; its directory is made if missing); "
+                        "- for stdout (text formats: folded, svg, speedscope, perfetto, comm-svg); "
+                        "for chakra a prefix: PREFIX.<rank>.et")
     p.add_argument("--obfuscate", action="store_true",
                    help="replace function, kernel, file and process names with stable keyed hashes (for sharing)")
     p.add_argument("--key-file", type=Path, metavar="PATH",
@@ -39,16 +42,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown format {args.format!r} (known: {', '.join(REGISTRY)})")
     if cls.whole_capture and args.view != "cpu":
         raise UsageError(f"format {cls.name} takes the whole capture (no --view)")
+    check_output(cls, args.output)
     exporter = get_exporter(cls.name, **parse_option_values(cls, args.opt))
     prof = load_view(args.capture, args)
     if args.obfuscate:
         from aiflame.exporters.obfuscate import Obfuscator, default_key_path, load_key
 
         prof = Obfuscator(load_key(args.key_file or default_key_path())).profile(prof)
-    written = exporter.write(prof, args.output or cls.output_path(args.capture.with_suffix("")))
+    written = write_output(exporter, prof, args.output or cls.output_path(args.capture.with_suffix("")))
     for w in exporter.warnings:
         warn(w)
-    console = Console()
+    console = Console(stderr=is_stdout(args.output))  # stdout holds the export
     for out in written:
         console.print(f"wrote {out.path} ({out.summary})", highlight=False)
     return 0

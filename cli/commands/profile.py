@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,7 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     smp.add_argument("--event", choices=("auto", "cpu-clock", "cycles"), default="cpu-clock",
                      help="perf event to sample on: cpu-clock (default), cycles, or auto (cycles if the PMU has it)")
     out = p.add_argument_group("output")
-    out.add_argument("-o", "--output", type=Path, help="output directory (default ./aiflame-YYYYmmdd-HHMMSS)")
+    out.add_argument("-o", "--output", type=Path,
+                     help="output directory, made if missing (default ./aiflame-YYYYmmdd-HHMMSS); one that already "
+                          "holds a capture is refused unless --force")
+    out.add_argument("--force", action="store_true",
+                     help="replace the capture (and the exports of the same names) an earlier run left in -o DIR")
     out.add_argument("--formats", default="folded,svg",
                      help=f"exports written next to the capture, comma-separated (default folded,svg; "
                           f"known: {', '.join(REGISTRY)})")
@@ -94,6 +99,34 @@ def _check_target(pid: int | None) -> None:
             raise TargetGone(str(e)) from None
 
 
+def _regular_file(path: Path) -> bool:
+    """A file a run of ours wrote (captures are written as regular files, never through a link: something else
+    planted under the name is replaced safely, core/safe_files.py)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _check_out_dir(out_dir: Path, *, force: bool) -> None:
+    """Refuse `-o -` (a directory is written, not a stream), and a directory holding an earlier capture (or one
+    cut short) unless `force`: a second run into the same DIR would silently replace the first."""
+    from aiflame.agent.session import SessionConfig
+    from aiflame.cli.output import is_stdout
+    from aiflame.core.errors import BadInput
+
+    if is_stdout(out_dir):
+        raise UsageError("-o names the output directory of profile, not a stream: '-' (stdout) cannot hold a "
+                         "capture; export it with `aiflame export CAPTURE -f folded -o -`")
+    if force:
+        return
+    capture = f"{SessionConfig.prefix}.aiflame"
+    earlier = [name for name in (capture, f"{capture}.partial") if _regular_file(out_dir / name)]
+    if earlier:
+        raise BadInput(f"{out_dir} already holds a capture ({earlier[0]}): give another -o DIR, or --force to "
+                       "replace it")
+
+
 def run(args: argparse.Namespace) -> int:
     from aiflame.agent.accel.cupti import CuptiOptions
     from aiflame.agent.kernel.sampler import SamplerConfig, bpf_source
@@ -122,8 +155,9 @@ def run(args: argparse.Namespace) -> int:
     for f in formats:
         if f not in REGISTRY:
             raise UsageError(f"unknown format {f!r} (known: {', '.join(REGISTRY)})")
-    _check_target(args.pid)
     out_dir = args.output or Path(time.strftime("aiflame-%Y%m%d-%H%M%S"))
+    _check_out_dir(out_dir, force=args.force)
+    _check_target(args.pid)
     if args.delay == "collective" and args.no_runtimes:
         raise UsageError("--delay collective needs the runtime probes (it waits for a gloo or NCCL call)")
     cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,

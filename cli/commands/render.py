@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from aiflame.cli.commands import UsageError
+from aiflame.cli.output import check_output, is_stdout, write_output
 from aiflame.cli.stack_view import add_view_options, load_view
 from aiflame.exporters import REGISTRY, parse_option_values
 from aiflame.exporters.svg import SvgExporter
@@ -21,7 +22,8 @@ __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, nargs="?", help="a .aiflame capture or a folded-stacks file")
-    p.add_argument("-o", "--output", type=Path, required=True, help="SVG file to write")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="SVG file to write (its directory is made if missing), or - for stdout")
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="SVG option, repeatable")
     p.add_argument("--diff", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                    help="differential flame graph: AFTER's widths, coloured red where it grew and blue where it "
@@ -32,12 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if (args.input is None) == (args.diff is None):
         raise UsageError("give one input, or --diff BEFORE AFTER")
+    check_output(SvgExporter, args.output)
     exporter = SvgExporter(**parse_option_values(REGISTRY["svg"], args.opt))  # type: ignore[arg-type]
     if args.diff:
         exporter.baseline = load_view(args.diff[0], args, folded=True)
         prof = load_view(args.diff[1], args, folded=True)
     else:
         prof = load_view(args.input, args, folded=True)
-    exporter.write(prof, args.output)
-    Console().print(f"wrote {args.output}", highlight=False)
+    write_output(exporter, prof, args.output)
+    if not is_stdout(args.output):
+        Console().print(f"wrote {args.output}", highlight=False)
     return 0

@@ -41,7 +41,7 @@ cd "$HERE"
 # under its relative name the frames read train.py:LINE, below one `<module> (<string>:1)` frame of -c.
 RUN='import sys; sys.argv[0] = "train.py"; exec(compile(open("train.py").read(), "train.py", "exec"))'
 if [ -e /proc/driver/nvidia/version ]; then
-    "$PY" -m aiflame profile -q -o "$WORK/run" --formats folded -- "$PY" -c "$RUN" "$WORK/libmlp.so" --steps 200
+    "$PY" -m aiflame profile -q -o "$WORK/run" --force --formats folded -- "$PY" -c "$RUN" "$WORK/libmlp.so" --steps 200
     GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     "$PY" -m aiflame export "$WORK/run/profile.aiflame" --view stalls -f folded -o "$HERE/stalls.folded"
     "$PY" -m aiflame export "$WORK/run/profile.aiflame" --view launches -f folded -o "$HERE/launches.folded"
@@ -51,7 +51,7 @@ if [ -e /proc/driver/nvidia/version ]; then
     echo "done: $HERE/stalls.folded, $HERE/stalls.svg (real samples; capture in $WORK)"
     exit 0
 fi
-"$PY" -m aiflame profile -q -o "$WORK/run" --formats folded -- \
+"$PY" -m aiflame profile -q -o "$WORK/run" --force --formats folded -- \
     "$PY" -c "$RUN" "$WORK/libmlp.so" --steps "$STEPS"
 
 echo "== CUPTI records for the launched kernels (synthesized counts, real instructions)"

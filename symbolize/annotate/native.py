@@ -219,7 +219,7 @@ def annotate_native(cap: Capture, query: str, *, dso: str | None = None, hot: in
                 if dso is not None and len(chosen) == 1:
                     raise
                 unreadable.append(f"{os.path.basename(mod.path)} ({e.why})")
-        b, sym = _find(binaries, query, unreadable)
+        b, sym = _find(binaries, query, unreadable, total)
         return _annotate(b, sym.addr, sym.addr + sym.size, sym.name, hot, total, source, ())
     finally:
         for b in binaries:
@@ -256,8 +256,9 @@ def _one_module(modules: dict[tuple[str, str], Module], dso: str) -> Module:
     return max(hits, key=lambda m: m.samples)  # a path that ran in several builds: the one with most samples
 
 
-def _find(binaries: list[_Binary], query: str, unreadable: list[str]) -> tuple[_Binary, Symbol]:
-    """The one function `query` names: by stored name in any binary, else among the sampled functions."""
+def _find(binaries: list[_Binary], query: str, unreadable: list[str], total: int) -> tuple[_Binary, Symbol]:
+    """The one function `query` names: by stored name in any binary, else among the sampled functions (the error
+    lists the hottest of them, with their share of the capture's `total` samples)."""
     q = query.strip()
     sampled = [b.sampled_functions() for b in binaries]
     hits = [(n, s) for n, b in enumerate(binaries) for s in b.exact(q)]
@@ -266,8 +267,10 @@ def _find(binaries: list[_Binary], query: str, unreadable: list[str]) -> tuple[_
         shown = demangle(s.name for _n, s in cands)
         hits = match_names(q, {k: (k[1].name, shown[k[1].name]) for k in cands})
         if not hits:
-            cands.sort(key=lambda k: -sampled[k[0]][k[1]])
-            known = some(list(dict.fromkeys(_short(shown[s.name]) for _n, s in cands)), 6)
+            share: Counter[str] = Counter()
+            for n, s in cands:
+                share[_short(shown[s.name])] += sampled[n][s]
+            known = some([f"{name} {100 * c / total:.1f}%" if total else name for name, c in share.most_common()], 6)
             where = f"; binaries not readable here: {some(unreadable, 4)}" if unreadable else ""
             raise (BinaryNotFound if unreadable else SymbolNotFound)(
                 f"no function matching {q!r} in the binaries with samples (sampled functions: {known or 'none'})"

@@ -163,8 +163,9 @@ def some(items: list[str], n: int = 8) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
-def read_source(keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
-    """The text (stripped) of each (file, line) whose file is readable here; others are left out."""
+def read_source(keys: Iterable[tuple[str, int]], *, strip: bool = True) -> dict[tuple[str, int], str]:
+    """The text (stripped, or only its line end unless `strip`) of each (file, line) whose file is readable here;
+    others are left out."""
     files: dict[str, list[str] | None] = {}
     out: dict[tuple[str, int], str] = {}
     for file, line in keys:
@@ -174,7 +175,7 @@ def read_source(keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
             files[file] = _lines_of(file)
         text = files[file]
         if text is not None and line <= len(text):
-            out[(file, line)] = text[line - 1].strip()
+            out[(file, line)] = text[line - 1].strip() if strip else text[line - 1].rstrip()
     return out
 
 

@@ -158,7 +158,8 @@ def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelProgra
     res = import_records(capture, [tmp_path / "pc.bin"], "rocprof", output=tmp_path / "a.aiflame", pid=123)
     assert res.stall_samples == 4 and res.counters["rocprof_unknown_kernel"] == 4
     (tmp_path / "x.bin").write_bytes(record("pvc", 0x20, {"sbid": 5}) + bytes(64))
-    import_records(tmp_path / "a.aiflame", [tmp_path / "x.bin"], "xe", platform="pvc")
+    import_records(tmp_path / "a.aiflame", [tmp_path / "x.bin"], "xe", output=tmp_path / "a.aiflame",
+                   platform="pvc")
     cap = read_capture(tmp_path / "a.aiflame")
     assert sorted((s.source, s.count) for s in cap.stalls) == [("rocprof", 4), ("xe", 5)]
     assert cap.footer is not None and cap.footer.counters["xe_empty_records"] == 1

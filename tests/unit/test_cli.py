@@ -51,6 +51,22 @@ def test_usage_errors_are_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
+    (["nonsense"], "argument COMMAND: invalid choice: 'nonsense'"),
+    (["profile", "-F", "0", "-p", "1"], "-F/--frequency: must be between 1 and 20000 Hz (see 'aiflame profile"),
+    (["export"], "the following arguments are required: capture, -f/--format (see 'aiflame export --help')"),
+    (["report", "comm"], "required: capture (see 'aiflame report comm --help')"),
+    (["chakra", "nope"], "invalid choice: 'nope'"),
+    (["status", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_parser_errors_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """README, "Exit status": a usage error is one line (no usage block), status 2."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("aiflame: error: ") and message in err and err.count("\n") == 1
+    assert "usage:" not in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
     (["profile", "-p", "1", "--", "true"], "give either --pid PID or -- CMD, not both"),
     (["profile"], "nothing to profile: give --pid PID or -- CMD ARGS"),
     (["profile", "-p", "1", "--formats", "folded,gif"], "unknown format 'gif'"),
