@@ -21,6 +21,8 @@ BENCHES = [
     ["split_bias.py", "--runs", "5", "--seconds", "30"],
     ["split_bias.py", "--cost-s", "20"],
     ["bench_unwind.py"],
+    ["launch_rate.py"],
+    ["gpu_host.py", "--device", "cpu", "--small", "--seconds", "8", "--rounds", "2"],  # the CPU side, as a proxy
 ]
 
 

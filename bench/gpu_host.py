@@ -1,0 +1,140 @@
+"""What aiflame costs a GPT-style training loop, and what it sees of it (issue #25): bench/gpu/gpt_loop.py run
+alone and under `aiflame profile -- CMD` in each mode, alternating, printing for each mode the steps/s ratio
+against the alone runs next to it, the job's wall time, runtime calls recorded / counted / lost, the share of CPU
+samples whose walk reached the outermost frame, the share of launches under a Python frame, the agent's CPU and
+peak RSS.
+
+Modes: `cpu` (CPU sampling only, --no-runtimes --no-gpu-samples), `probes` (CPU sampling and runtime probes, no
+CUPTI), `full` (the defaults: CUPTI too, with a GPU). On a GPU host: `bash .gpu/host.sh python3 bench/gpu_host.py`.
+Without a GPU, `--device cpu` runs the same loop on the CPU with the CPU build of torch (no launches: a proxy for
+the CPU side only). Results: bench/results/gpu_host.json.
+
+    python bench/gpu_host.py [--device cuda] [--seconds 15] [--warmup 3] [--modes cpu,probes,full] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import REPO, RESULTS, aiflame_cmd
+
+LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
+MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"], "full": []}
+
+
+def _hwm_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _steps(stdout: str) -> dict[str, float]:
+    line = next((ln for ln in stdout.splitlines() if ln.startswith('{"steps"')), "")
+    if not line:
+        raise SystemExit(f"gpt_loop printed no result:\n{stdout[-2000:]}")
+    out: dict[str, float] = json.loads(line)
+    return out
+
+
+def run_alone(loop_args: Sequence[str]) -> dict[str, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(LOOP), *loop_args], capture_output=True, text=True, check=True)
+    return {**_steps(proc.stdout), "wall_s": time.monotonic() - t0}
+
+
+def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, float]:
+    """One run under `aiflame profile`: the loop's own figures, the capture's counters, the agent's peak RSS."""
+    from aiflame.core.capture import read_capture
+    from aiflame.core.model import EventKind, FrameKind
+    from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(aiflame_cmd("profile", "-q", "--force", "-o", str(out), "--formats", "folded",
+                                        *MODES[mode], "--", sys.executable, str(LOOP), *loop_args),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    hwm = 0
+    while proc.poll() is None:
+        hwm = max(hwm, _hwm_kb(proc.pid))
+        time.sleep(0.1)
+    stdout = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode:
+        raise SystemExit(f"aiflame profile ({mode}) failed ({proc.returncode}):\n{stdout[-2000:]}")
+    res = {**_steps(stdout), "wall_s": time.monotonic() - t0, "agent_peak_rss_mb": hwm / 1024}
+    cap = read_capture(out / "profile.aiflame")
+    assert cap.footer is not None
+    c = cap.footer.counters
+    prof = symbolize_capture(cap, options=StackOptions(group="none"))
+    launches = [e for e in prof.events if e.kind == EventKind.COMPUTE]
+    n_launch = sum(e.calls for e in launches)
+    with_py = sum(e.calls for e in launches if any(f.kind == FrameKind.PYTHON for f in e.stack))
+    walks = prof.counters.get("unwind_cfi", 0)
+    res.update({
+        "agent_cpu_s": cap.footer.agent_cpu_s,
+        "job_s": (cap.footer.end_mono_ns - cap.header.start_mono_ns) / 1e9,
+        "calls_recorded": c.get("calls", 0), "calls_counted": c.get("calls_counted", 0),
+        "calls_lost": c.get("call_lost", 0), "launches": n_launch,
+        "launches_with_python_pct": 100 * with_py / n_launch if n_launch else 0.0,
+        "walks_reaching_outermost_pct": 100 * prof.counters.get("unwind_end", 0) / walks if walks else 0.0,
+        "unwind_tables_evicted": c.get("unwind_tables_evicted", 0),
+        "cpu_samples": len(cap.samples),
+    })
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda (a GPU host), or cpu for the CPU-side proxy")
+    ap.add_argument("--seconds", type=float, default=15, help="steps counted after the warm-up (15)")
+    ap.add_argument("--warmup", type=float, default=3)
+    ap.add_argument("--modes", default="cpu,probes,full", help="comma-separated: " + ", ".join(MODES))
+    ap.add_argument("--rounds", type=int, default=2, help="alone / profiled pairs per mode (2)")
+    ap.add_argument("--small", action="store_true", help="a small model (1 layer, d=128, seq 64), for a quick try")
+    a = ap.parse_args(argv)
+    modes = [m for m in a.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in MODES]:
+        ap.error(f"unknown mode {unknown[0]!r} (known: {', '.join(MODES)})")
+    loop_args = ["--device", a.device, "--seconds", str(a.seconds), "--warmup", str(a.warmup)]
+    if a.small:
+        loop_args += ["--layers", "1", "--d", "128", "--seq", "64", "--batch", "4"]
+    results: dict[str, object] = {"device": a.device, "loop": loop_args, "modes": {}}
+    with tempfile.TemporaryDirectory(prefix="aiflame-gpu-host-") as tmp:
+        for mode in modes:
+            pairs = []
+            for r in range(a.rounds):  # alone, profiled, alone, profiled...: drift shows in both
+                alone = run_alone(loop_args)
+                prof = run_profiled(mode, loop_args, Path(tmp) / f"{mode}{r}")
+                pairs.append((alone, prof))
+                print(f"{mode} round {r}: alone {alone['steps_per_s']:.1f} steps/s, profiled "
+                      f"{prof['steps_per_s']:.1f} ({prof['steps_per_s'] / alone['steps_per_s']:.3f}x); "
+                      f"calls {prof['calls_counted']:.0f} counted / {prof['calls_recorded']:.0f} recorded / "
+                      f"{prof['calls_lost']:.0f} lost; launches with Python {prof['launches_with_python_pct']:.1f}%;"
+                      f" walks to outermost {prof['walks_reaching_outermost_pct']:.1f}%; agent CPU "
+                      f"{prof['agent_cpu_s']:.1f} s of {prof['job_s']:.1f} s, RSS {prof['agent_peak_rss_mb']:.0f} MB; "
+                      f"wall {alone['wall_s']:.1f} -> {prof['wall_s']:.1f} s", flush=True)
+            ratios = [p["steps_per_s"] / al["steps_per_s"] for al, p in pairs]
+            summary = {"steps_ratio_median": statistics.median(ratios), "ratios": ratios,
+                       "runs": [{"alone": al, "profiled": p} for al, p in pairs]}
+            results["modes"][mode] = summary  # type: ignore[index]
+            print(f"== {mode}: steps/s ratio median {summary['steps_ratio_median']:.3f} over {len(ratios)} pairs")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "gpu_host.json").write_text(json.dumps(results, indent=1))
+    print(f"wrote {RESULTS / 'gpu_host.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
