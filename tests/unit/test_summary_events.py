@@ -39,3 +39,25 @@ def test_stall_counters_keep_their_bracketed_names() -> None:
     text = console.export_text()
     assert "7 under [unknown launch] (kernel never seen launched)" in text
     assert "3 in which no instruction issued (counted once, under their reason)" in text
+
+
+def test_launch_records_count_the_launches_they_stand_for() -> None:
+    """A record kept past the launch budget stands for the launches BPF counted since its kernel's last record
+    (args "calls"): the launch view and the summary count launches, not records."""
+    from aiflame.core.model import SEPARATOR
+    from aiflame.symbolize.events import UNSAMPLED_LAUNCH, launch_profile
+
+    a = (Frame("main"), Frame("launch_scale"))
+    ev = [TraceEvent("scale", EventKind.COMPUTE, 1, 5, 1, 1, stack=a, args={"calls": 40}),
+          TraceEvent("scale", EventKind.COMPUTE, 2, 5, 1, 1, stack=a),
+          TraceEvent("scale", EventKind.COMPUTE, 9, 0, 1, 0, stack=(UNSAMPLED_LAUNCH,),
+                     args={"calls": 3, "stackless": 1})]
+    assert [e.calls for e in ev] == [40, 1, 3]
+    view = launch_profile(Profile(events=ev))
+    assert view.total_weight == 44
+    assert {(s.stack[:-2], s.weight) for s in view.samples} == {(a, 40), (a, 1), ((UNSAMPLED_LAUNCH,), 3)}
+    assert all(s.stack[-2] == SEPARATOR for s in view.samples)
+    console = Console(width=160, record=True)
+    print_events(console, Profile(events=ev))
+    text = console.export_text()
+    assert "Kernels by launches (44 launches)" in text and "41× main ; launch_scale" in text
