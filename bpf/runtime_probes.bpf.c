@@ -26,7 +26,7 @@ struct sample_key {
     u32 probe;
     u64 arg;
 };
-BPF_PERCPU_HASH(call_skipped, struct sample_key, u64, 65536);
+BPF_PERCPU_HASH(call_skipped, struct sample_key, u64, 16384); /* x CPUs values: 2 MiB a 16-CPU host */
 /* The per-CPU record budget of PROBE_SAMPLE calls: credit in ns, AIFLAME_CALL_INTERVAL_NS a record. */
 struct call_budget {
     u64 last_ns;
