@@ -26,9 +26,7 @@ import os
 import stat
 import struct
 import sys
-import threading
-from collections.abc import Collection
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -161,12 +159,10 @@ def _patch_maps(code: bytearray, map_fds: list[int]) -> None:
             i += 8
 
 
-def instantiate(entry: dict[str, Any], defer: Collection[str] = ()
-                ) -> tuple[dict[str, Any], list[int], Future[dict[str, int]] | None]:
+def instantiate(entry: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """Create the entry's maps and load its programs: (the compiler's reply, its descriptors), as a compile
-    would hand them over; OSError when the kernel refuses something (EntryCorrupt for a bad entry), with nothing
-    left open. The programs named in `defer` are verified after the others, on background threads: they are
-    left out of the reply and come as {name: fd} from the future (None: nothing deferred)."""
+    would hand them over. OSError when the kernel refuses something (EntryCorrupt for a bad entry); nothing
+    is left open then."""
     opened: list[int] = []
     try:
         btf_fds = []
@@ -187,9 +183,7 @@ def instantiate(entry: dict[str, Any], defer: Collection[str] = ()
                 raise EntryCorrupt(f"program {p['name']}: {len(code)} bytes")
             _patch_maps(code, map_fds)
             codes.append(bytes(code))
-        later = [i for i, p in enumerate(entry["progs"]) if p["name"] in defer]
-        now = [i for i in range(len(codes)) if i not in later]
-        prog_fds = _load_programs(entry, codes, now, opened)
+        prog_fds = _load_programs(entry, codes, opened)
     except binascii.Error:
         _close(opened)
         raise EntryCorrupt("bad base64") from None
@@ -197,67 +191,43 @@ def instantiate(entry: dict[str, Any], defer: Collection[str] = ()
         _close(opened)
         raise
     reply = entry["reply"]
-    index = {i: name for name, i in reply["progs"].items()}
-    fds = [prog_fds[i] for i in now]
-    progs = {index[i]: n for n, i in enumerate(now)}
+    fds = list(prog_fds)
     maps: dict[str, dict[str, Any]] = {}
     handed = set()
     for name, m in reply["maps"].items():
         maps[name] = {k: v for k, v in m.items() if k != "map"} | {"fd": len(fds)}
         fds.append(map_fds[m["map"]])
         handed.add(m["map"])
-    future: Future[dict[str, int]] | None = None
-    if later:
-        # The maps the deferred programs use stay open until they are loaded.
-        held = [os.dup(fd) for fd in map_fds]
-        future = Future()
-        threading.Thread(target=_load_later, args=(entry, codes, later, index, held, future),
-                         name="bpf-cache-load", daemon=True).start()
     # The programs hold the maps they use; the BTF is held by the maps made with it.
     _close(btf_fds + [fd for i, fd in enumerate(map_fds) if i not in handed])
-    return {"progs": progs, "maps": maps, "uprobe_multi": reply["uprobe_multi"]}, fds, future
+    return {"progs": dict(reply["progs"]), "maps": maps, "uprobe_multi": reply["uprobe_multi"]}, fds
 
 
-def _load_later(entry: dict[str, Any], codes: list[bytes], which: list[int], index: dict[int, str],
-                held: list[int], future: Future[dict[str, int]]) -> None:
-    try:
-        fds = _load_programs(entry, codes, which, [])
-        future.set_result({index[i]: fds[i] for i in which})
-    except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the programs
-        future.set_exception(e)
-    finally:
-        _close(held)
-
-
-def _load_programs(entry: dict[str, Any], codes: list[bytes], which: list[int], opened: list[int]
-                   ) -> dict[int, int]:
-    """Load the programs `which` (indices) on parallel threads, {index: fd}: the kernel's verifier takes most of
-    a cached start (~2 s of CPU for the sampler with the probes here), and each program is verified on its own.
-    Every fd is added to `opened`; on a failure the others are closed and the first error raised."""
+def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int]) -> list[int]:
+    """Load every program, on parallel threads (each is verified on its own, and the kernel's verifier is most
+    of a cached start: ~2.2 s of CPU for the sampler with the runtime probes here). All are loaded before this
+    returns, as a compile hands them over: every target is probed at once (libc's exit), so the probes'
+    programs are needed from its first library open. The fds go to `opened`; the first failure is raised."""
     def one(i: int) -> int:
         p = entry["progs"][i]
         return bpf_sys.prog_load(p["type"], codes[i], entry["license"], name=p["kname"],
                                  kern_version=entry["kern_version"], expected_attach_type=p["attach_type"],
                                  explain=True)
 
-    if not which:
-        return {}
     fds: dict[int, int] = {}
     errors: list[BaseException] = []
-    # Longest first, so the last to start is a short one.
-    order = sorted(which, key=lambda i: -len(codes[i]))
-    with ThreadPoolExecutor(max_workers=max(1, min(len(which), os.cpu_count() or 1))) as pool:
+    order = sorted(range(len(codes)), key=lambda i: -len(codes[i]))  # longest first: a short one ends last
+    with ThreadPoolExecutor(max_workers=max(1, min(len(codes), os.cpu_count() or 1))) as pool:
         futures = {i: pool.submit(one, i) for i in order}
         for i, f in futures.items():
             try:
                 fds[i] = f.result()
+                opened.append(fds[i])
             except BaseException as e:  # noqa: BLE001, PERF203 - every load is waited for, its fd closed
                 errors.append(e)
     if errors:
-        _close(list(fds.values()))
         raise errors[0]
-    opened.extend(fds.values())
-    return fds
+    return [fds[i] for i in range(len(codes))]
 
 
 def _close(fds: list[int]) -> None:

@@ -11,8 +11,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Collection
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,27 +81,6 @@ class BpfObject:
     uprobe_multi: bool = False  # "uprobe" programs take uprobe_multi links (else one perf event per probe)
     from_cache: bool = False  # loaded from the compile cache (else compiled now)
     _links: dict[str, list[int]] = field(default_factory=dict)  # attachment name -> link and perf fds
-    # Programs still being verified (load's `defer`, on a cache hit): their fds, once loaded.
-    _later: Future[dict[str, int]] | None = None
-    _later_error: str = ""
-
-    def prog(self, name: str) -> int:
-        """The fd of program `name`, waiting for it when it is still being loaded (BpfLoadError if that
-        failed)."""
-        if name not in self.progs and self._later is not None:
-            self._await_later()
-        if name not in self.progs and self._later_error:
-            raise BpfLoadError(f"program {name} did not load from the BPF cache: {self._later_error}")
-        return self.progs[name]
-
-    def _await_later(self) -> None:
-        later, self._later = self._later, None
-        if later is None:
-            return
-        try:
-            self.progs.update(later.result())
-        except OSError as e:
-            self._later_error = str(e)
 
     def attach_perf_event(self, prog: str, ev_type: int, ev_config: int, frequency: int) -> None:
         """Run `prog` at `frequency` Hz on every online CPU, whatever runs there."""
@@ -111,7 +89,7 @@ class BpfObject:
             for cpu in bpf_sys.cpu_list("online"):
                 attr = PerfEventAttr(type=ev_type, config=ev_config, sample_period=frequency, flags=bpf_sys.ATTR_FREQ)
                 fds.append(bpf_sys.perf_event_open(attr, -1, cpu))
-                fds.append(bpf_sys.link_perf_event(self.prog(prog), fds[-1]))
+                fds.append(bpf_sys.link_perf_event(self.progs[prog], fds[-1]))
         except OSError:
             _close(fds)
             raise
@@ -122,7 +100,7 @@ class BpfObject:
                              sample_period=1, wakeup_events=1)
         pfd = bpf_sys.perf_event_open(attr, -1, 0)  # a tracepoint's program runs on every CPU
         try:
-            self._links[f"{category}:{event}"] = [pfd, bpf_sys.link_perf_event(self.prog(prog), pfd)]
+            self._links[f"{category}:{event}"] = [pfd, bpf_sys.link_perf_event(self.progs[prog], pfd)]
         except OSError:
             os.close(pfd)
             raise
@@ -139,7 +117,6 @@ class BpfObject:
         _close(self._links.pop(name, []))
 
     def close(self) -> None:
-        self._await_later()  # their fds are ours to close too
         for fds in self._links.values():
             _close(fds)
         self._links.clear()
@@ -157,13 +134,11 @@ def _close(fds: list[int]) -> None:
 
 
 def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str],
-         on_compile: Callable[[str], None] | None = None, cache: BpfCache | None = None,
-         defer: Collection[str] = ()) -> BpfObject:
+         on_compile: Callable[[str], None] | None = None, cache: BpfCache | None = None) -> BpfObject:
     """Compile and load `text` in the compiler process, or load it from the compile cache when compiled before
     (`cache`: BpfCache.from_env() when None). `functions`: program name -> "kprobe", "uprobe" (for uprobe_multi
     links where the kernel has them), "perf_event" or "tracepoint" (tracepoint__* programs come anyway); `maps`:
-    the names to hand over. `on_compile` is told (one line) before a compile starts. The programs in `defer`
-    may still be loading when this returns (from the cache): reach them through BpfObject.prog."""
+    the names to hand over. `on_compile` is told (one line) before a compile starts."""
     request = {"text": text, "cflags": cflags, "functions": functions, "maps": maps}
     cache = cache if cache is not None else BpfCache.from_env()
     key = bpf_cache.cache_key(request) if cache.path is not None else ""
@@ -171,10 +146,8 @@ def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str
         entry = cache.get(key)
         if entry is not None:
             try:
-                meta, fds, later = bpf_cache.instantiate(entry, defer)
-                obj = _object(meta, fds, from_cache=True)
-                obj._later = later
-                return obj
+                meta, fds = bpf_cache.instantiate(entry)
+                return _object(meta, fds, from_cache=True)
             except (OSError, EntryCorrupt) as e:
                 log.warning("the cached BPF program did not load (%s): compiling it again", e)
     if on_compile is not None:

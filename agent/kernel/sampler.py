@@ -1,4 +1,5 @@
-"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c once (in the compiler process), attaches it to perf events on
+"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c (in the compiler process, once per host and options: later
+starts load it from agent/kernel/bpf_cache.py's compile cache), attaches it to perf events on
 every CPU, and drains its ring buffer on the caller's timer (records are submitted without wakeups). The records
 are decoded by agent/kernel/decode.py, whose types are re-exported here."""
 
@@ -142,9 +143,6 @@ UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "u
 # The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record, 2
 # scans the stack past code without CFI (samples only: UW_PROG_SCAN).
 UW_PROGS = {"uw_progs": ("uw_step", "sample_finish", "uw_scan"), "uw_call_progs": ("uw_call_step", "call_finish")}
-# Loaded from the compile cache, the runtime probes' programs are verified while sampling starts (a third of a
-# cached start here); they are waited for when the first probe is placed.
-PROBE_PROGS = ("on_call", "on_ret", *UW_PROGS["uw_call_progs"])
 MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
@@ -172,13 +170,6 @@ class CpuSampler:
         self._watchdog: StopWatchdog | None = None
         self.maps_full: dict[str, int] = {}  # per-process map -> processes it had no room for
         self.event_used = ""
-        self._call_progs_set = False  # uw_call_progs holds the probes' tail-call programs
-
-    def _set_tail_calls(self, array: str) -> None:
-        """Fill prog array `array` (BPF's tail calls) with its programs, when this build has it."""
-        if array in self._bpf.maps:
-            for i, prog in enumerate(UW_PROGS[array]):
-                self._bpf.maps[array].update(_U32.pack(i), _U32.pack(self._bpf.prog(prog)))
 
     def start(self, pids: list[int], on_compile: Callable[[str], None] | None = None) -> None:
         """Load the program (`on_compile` is told when that means compiling it) and start sampling `pids`."""
@@ -188,11 +179,14 @@ class CpuSampler:
                                                                                    "uprobe")
         try:
             self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS,
-                                        on_compile, defer=PROBE_PROGS if self.config.probes else ())
+                                        on_compile)
         except BpfLoadError as e:
             raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:
-            self._set_tail_calls("uw_progs")
+            for array, progs in UW_PROGS.items():
+                for i, prog in enumerate(progs):
+                    if array in self._obj.maps:
+                        self._obj.maps[array].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
             if self.config.cfi:
                 self._unwind = UnwindTables(self._obj)
             if self.config.probes:
@@ -338,21 +332,13 @@ class CpuSampler:
         self._bpf.maps["probe_specs"].update(_U32.pack(probe), bytes(spec))
 
     def prog_fd(self, ret: bool) -> int:
-        """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics; its tail calls are in place.
-        BpfLoadError when it did not load (from the compile cache)."""
-        if not self._call_progs_set:
-            self._set_tail_calls("uw_call_progs")
-            self._call_progs_set = True
-        return self._bpf.prog("on_ret" if ret else "on_call")
+        """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics."""
+        return self._bpf.progs["on_ret" if ret else "on_call"]
 
     def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]:
         """Probe `sites` of `path` in every process (one uprobe_multi link where the kernel has them); the program
         keeps target pids only. Returns, by probe id, why a site could not be probed."""
-        try:
-            prog = self.prog_fd(ret)
-        except BpfLoadError as e:
-            return {s.cookie: f"cannot probe {path}: {e}" for s in sites}
-        done, failed = attach_sites(prog, path, sites, ret=ret, multi=self._bpf.uprobe_multi)
+        done, failed = attach_sites(self.prog_fd(ret), path, sites, ret=ret, multi=self._bpf.uprobe_multi)
         self._uprobes += done
         return failed
 
