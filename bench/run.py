@@ -21,6 +21,7 @@ BENCHES = [
     ["split_bias.py", "--runs", "5", "--seconds", "30"],
     ["split_bias.py", "--cost-s", "20"],
     ["bench_unwind.py"],
+    ["start_time.py"],
 ]
 
 
