@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aiflame.agent.kernel import bpf_cache, bpf_sys
-from aiflame.agent.kernel.bpf_cache import BpfCache, EntryCorrupt
+from aiflame.agent.kernel.bpf_cache import BpfCache
 from aiflame.agent.kernel.bpf_sys import PerfEventAttr
 from aiflame.core.errors import HostError
 
@@ -148,7 +148,7 @@ def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str
             try:
                 meta, fds = bpf_cache.instantiate(entry)
                 return _object(meta, fds, from_cache=True)
-            except (OSError, EntryCorrupt) as e:
+            except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: EntryCorrupt among them
                 log.warning("the cached BPF program did not load (%s): compiling it again", e)
     if on_compile is not None:
         on_compile(COMPILING)

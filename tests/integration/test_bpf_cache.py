@@ -4,6 +4,7 @@ written is never loaded (played as the unprivileged user of issue #20 would); an
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -134,6 +135,26 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     assert not obj.from_cache
     (entry,) = _entries(d)
     return entry, entry.name.removesuffix(bpf_cache.SUFFIX)
+
+
+def test_an_entry_the_kernel_refuses_is_compiled_again(compiled: tuple[Path, str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Well formed, but its first program is a lone `exit` (r0 never set): the verifier says no, nothing it
+    created stays open, and the compile's entry replaces it."""
+    entry, key = compiled
+    d = tmp_path / "cache"
+    d.mkdir(mode=0o700)
+    bad = bpf_cache.parse_entry(entry.read_bytes(), key)
+    del bad["key"]
+    bad["progs"][0]["insns"] = base64.b64encode(bytes([0x95]) + bytes(7)).decode()
+    (d / entry.name).write_bytes(bpf_cache.serialize_entry(key, bad))
+    (d / entry.name).chmod(0o600)
+    monkeypatch.setenv(bpf_cache.ENV, str(d))
+    before = len(os.listdir("/proc/self/fd"))
+    samples, obj, _ = _sample(SMALL, 0.5)
+    assert not obj.from_cache and samples
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert (d / entry.name).read_bytes() == entry.read_bytes()
 
 
 def test_entries_another_user_could_write_are_refused(compiled: tuple[Path, str], tmp_path: Path) -> None:
