@@ -6,7 +6,7 @@ mappings (agent.process_table), Python code objects (agent.python), runtime call
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from aiflame.agent.gpu_code import LaunchLog
@@ -120,12 +120,14 @@ class CapturePipeline:
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
-    def start(self, config: SamplerConfig, pids: list[int]) -> CpuSampler:
-        """Compile and attach the BPF program with `pids` as its first targets, children followed (a launcher's,
-        torchrun's, workers are the job); the runtime probes with it when `runtimes`."""
+    def start(self, config: SamplerConfig, pids: list[int],
+              on_compile: Callable[[str], None] | None = None) -> CpuSampler:
+        """Compile (or load from the compile cache) and attach the BPF program with `pids` as its first targets,
+        children followed (a launcher's, torchrun's, workers are the job); the runtime probes with it when
+        `runtimes`. `on_compile` is told (one line) when the program is compiled."""
         cfg = replace(config, follow_children=True, probes=config.probes or self.runtimes)
         self.sampler = CpuSampler(cfg, self._samples.append, self._procs.append, self._on_probe)
-        self.sampler.start(pids)
+        self.sampler.start(pids, on_compile)
         if self.runtimes:
             self.probes = self.new_probes()
         return self.sampler

@@ -57,13 +57,16 @@ class SessionConfig:
 
 
 class Session:
-    """Runs one capture. `on_progress` is called about every POLL_S with live stats."""
+    """Runs one capture. `on_progress` is called about every POLL_S with live stats; `on_status` with a line
+    on what start-up waits for (compiling the BPF program)."""
 
-    def __init__(self, config: SessionConfig, on_progress: Callable[[SessionStats], None] | None = None) -> None:
+    def __init__(self, config: SessionConfig, on_progress: Callable[[SessionStats], None] | None = None,
+                 on_status: Callable[[str], None] | None = None) -> None:
         if (config.pid is None) == (not config.command):
             raise SessionError("give either --pid PID or -- CMD ARGS")
         self.cfg = config
         self.on_progress = on_progress
+        self.on_status = on_status
         # With --pid, the target's own exit record leaves it a target (its end is seen by polling it).
         self.pipeline = CapturePipeline(config.runtimes, keep_target=config.pid)
         self._stop_reason = ""
@@ -93,7 +96,7 @@ class Session:
                 initial = [root_pid] if launcher else [root_pid, *descendants(root_pid)]
                 # A running process becomes a target only once its Python walker is set (_capture): until then
                 # its samples would lack their Python frames. A launched command is held until released.
-                sampler = self.pipeline.start(cfg.sampler, initial if launcher else [])
+                sampler = self.pipeline.start(cfg.sampler, initial if launcher else [], self.on_status)
             except BaseException:
                 if launcher:
                     launcher.abort()

@@ -23,6 +23,7 @@ BENCHES = [
     ["bench_unwind.py"],
     ["launch_rate.py"],
     ["gpu_host.py", "--device", "cpu", "--small", "--seconds", "8", "--rounds", "2"],  # the CPU side, as a proxy
+    ["start_time.py"],
 ]
 
 

@@ -1,25 +1,33 @@
 """A compiled and loaded BPF object, held as plain file descriptors: programs by name, maps with their sizes,
 and the links attaching programs to perf events and tracepoints. The compile runs in a child process
-(agent/bpf_compile.py), so BCC's LLVM is never loaded into the agent."""
+(agent/bpf_compile.py), so BCC's LLVM is never loaded into the agent; once per host and program, after which
+agent/kernel/bpf_cache.py loads the same programs and maps from its cache entry without compiling."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from aiflame.agent.kernel import bpf_sys
+from aiflame.agent.kernel import bpf_cache, bpf_sys
+from aiflame.agent.kernel.bpf_cache import BpfCache
 from aiflame.agent.kernel.bpf_sys import PerfEventAttr
 from aiflame.core.errors import HostError
+
+log = logging.getLogger(__name__)
 
 COMPILER = Path(__file__).with_name("bpf_compile.py")
 BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH = 5, 6, 10
 _PERCPU = {BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH}
 COMPILE_TIMEOUT_S = 300
+COMPILING = "compiling the BPF program (first run on this host with these options, ~10 s)"
 
 
 class BpfLoadError(HostError):
@@ -71,6 +79,7 @@ class BpfObject:
     progs: dict[str, int]
     maps: dict[str, BpfMap]
     uprobe_multi: bool = False  # "uprobe" programs take uprobe_multi links (else one perf event per probe)
+    from_cache: bool = False  # loaded from the compile cache (else compiled now)
     _links: dict[str, list[int]] = field(default_factory=dict)  # attachment name -> link and perf fds
 
     def attach_perf_event(self, prog: str, ev_type: int, ev_config: int, frequency: int) -> None:
@@ -124,18 +133,55 @@ def _close(fds: list[int]) -> None:
             pass
 
 
-def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str]) -> BpfObject:
-    """Compile and load `text` in the compiler process. `functions`: program name -> "kprobe", "uprobe" (for
-    uprobe_multi links where the kernel has them), "perf_event" or "tracepoint" (tracepoint__* programs come
-    anyway); `maps`: the names to hand over."""
+def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str],
+         on_compile: Callable[[str], None] | None = None, cache: BpfCache | None = None) -> BpfObject:
+    """Compile and load `text` in the compiler process, or load it from the compile cache when compiled before
+    (`cache`: BpfCache.from_env() when None). `functions`: program name -> "kprobe", "uprobe" (for uprobe_multi
+    links where the kernel has them), "perf_event" or "tracepoint" (tracepoint__* programs come anyway); `maps`:
+    the names to hand over. `on_compile` is told (one line) before a compile starts."""
+    request = {"text": text, "cflags": cflags, "functions": functions, "maps": maps}
+    cache = cache if cache is not None else BpfCache.from_env()
+    key = bpf_cache.cache_key(request) if cache.path is not None else ""
+    if key:
+        entry = cache.get(key)
+        if entry is not None:
+            try:
+                meta, fds = bpf_cache.instantiate(entry)
+                return _object(meta, fds, from_cache=True)
+            except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: EntryCorrupt among them
+                log.warning("the cached BPF program did not load (%s): compiling it again", e)
+    if on_compile is not None:
+        on_compile(COMPILING)
+    meta, fds, entry = _compile(request | {"cache": bool(key)})
+    obj = _object(meta, fds)
+    if key and entry is not None:
+        if entry.get("cacheable"):
+            cache.put(key, entry)
+        else:
+            log.info("the BPF program cannot be cached: %s", entry.get("why"))
+    return obj
+
+
+def _object(meta: dict[str, Any], fds: list[int], from_cache: bool = False) -> BpfObject:
+    """The object from the compiler's reply (or the cache's copy of it) and the descriptors it lists."""
+    return BpfObject(
+        progs={name: fds[i] for name, i in meta["progs"].items()},
+        maps={name: BpfMap(name, fds[m["fd"]], m["type"], m["max_entries"], m["key_size"], m["value_size"],
+                           [tuple(f) for f in m["fields"]]) for name, m in meta["maps"].items()},
+        uprobe_multi=bool(meta.get("uprobe_multi")),
+        from_cache=from_cache,
+    )
+
+
+def _compile(request: dict[str, Any]) -> tuple[dict[str, Any], list[int], dict[str, Any] | None]:
+    """Run the compiler process: its reply, the descriptors, and its cache entry (None without one)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         with ours, theirs:
             child = subprocess.Popen([sys.executable, str(COMPILER), str(theirs.fileno())], stdin=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, pass_fds=[theirs.fileno()])
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=[theirs.fileno()])
             theirs.close()
-            request = json.dumps({"text": text, "cflags": cflags, "functions": functions, "maps": maps})
-            _, err = child.communicate(request.encode(), timeout=COMPILE_TIMEOUT_S)
+            out, err = child.communicate(json.dumps(request).encode(), timeout=COMPILE_TIMEOUT_S)
             if child.returncode != 0:
                 lines = err.decode(errors="replace").strip().splitlines()
                 sys.stderr.write("\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else ""))
@@ -150,10 +196,10 @@ def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str
         raise BpfLoadError(f"the BPF compiler took over {COMPILE_TIMEOUT_S} s") from None
     if not msg:
         raise BpfLoadError("the BPF compiler exited without handing over the program")
-    meta = json.loads(msg)
-    return BpfObject(
-        progs={name: fds[i] for name, i in meta["progs"].items()},
-        maps={name: BpfMap(name, fds[m["fd"]], m["type"], m["max_entries"], m["key_size"], m["value_size"],
-                           [tuple(f) for f in m["fields"]]) for name, m in meta["maps"].items()},
-        uprobe_multi=bool(meta.get("uprobe_multi")),
-    )
+    entry = None
+    if out:
+        try:
+            entry = json.loads(out)
+        except ValueError:
+            log.warning("the BPF compiler's cache entry is not JSON: not cached")
+    return json.loads(msg), fds, entry if isinstance(entry, dict) else None

@@ -1,5 +1,6 @@
 """The few bpf(2) and perf_event_open(2) calls the agent makes itself (x86-64): map element operations, perf
-events, and BPF links with a cookie. Errors are OSError with the errno."""
+events, BPF links with a cookie, and creating maps, BTF and programs from a compile cache entry
+(agent/kernel/bpf_cache.py). Errors are OSError with the errno."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ _libc.syscall.restype = ctypes.c_long
 
 SYS_PERF_EVENT_OPEN = 298
 SYS_BPF = 321
+BPF_MAP_CREATE, BPF_PROG_LOAD, BPF_OBJ_GET_INFO_BY_FD, BPF_BTF_LOAD = 0, 5, 15, 18
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
 BPF_LINK_CREATE = 28
 BPF_PERF_EVENT = 41
@@ -82,6 +84,58 @@ class _LinkUprobeMulti(ctypes.Structure):
     ]
 
 
+class _MapCreate(ctypes.Structure):
+    _fields_ = [
+        ("map_type", ctypes.c_uint32),
+        ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32),
+        ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("inner_map_fd", ctypes.c_uint32),
+        ("numa_node", ctypes.c_uint32),
+        ("map_name", ctypes.c_char * 16),
+        ("map_ifindex", ctypes.c_uint32),
+        ("btf_fd", ctypes.c_uint32),
+        ("btf_key_type_id", ctypes.c_uint32),
+        ("btf_value_type_id", ctypes.c_uint32),
+        ("btf_vmlinux_value_type_id", ctypes.c_uint32),
+        ("map_extra", ctypes.c_uint64),
+    ]
+
+
+class _ProgLoad(ctypes.Structure):
+    _fields_ = [
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
+        ("pad", ctypes.c_uint8 * 72),  # BTF func and line info, attach targets, CO-RE relocations: none here
+    ]
+
+
+class _BtfLoad(ctypes.Structure):
+    _fields_ = [
+        ("btf", ctypes.c_uint64),
+        ("btf_log_buf", ctypes.c_uint64),
+        ("btf_size", ctypes.c_uint32),
+        ("btf_log_size", ctypes.c_uint32),
+        ("btf_log_level", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class _ObjInfo(ctypes.Structure):
+    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32), ("info", ctypes.c_uint64)]
+
+
 class _MapElem(ctypes.Structure):
     _fields_ = [
         ("map_fd", ctypes.c_uint32),
@@ -125,6 +179,57 @@ def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list
                             uprobe_flags=BPF_F_UPROBE_MULTI_RETURN if ret else 0)
     return _check(_libc.syscall(SYS_BPF, BPF_LINK_CREATE, ctypes.byref(link), ctypes.sizeof(link)),
                   "bpf link create (uprobe_multi)")
+
+
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, flags: int = 0, name: str = "",
+               btf_fd: int = 0, btf_key_type_id: int = 0, btf_value_type_id: int = 0, map_extra: int = 0) -> int:
+    """A new map (its fd, close-on-exec as every bpf fd); `btf_fd` 0: without BTF type information."""
+    attr = _MapCreate(map_type=map_type, key_size=key_size, value_size=value_size, max_entries=max_entries,
+                      map_flags=flags, map_name=name.encode()[:15], btf_fd=btf_fd, btf_key_type_id=btf_key_type_id,
+                      btf_value_type_id=btf_value_type_id, map_extra=map_extra)
+    return _check(_libc.syscall(SYS_BPF, BPF_MAP_CREATE, ctypes.byref(attr), ctypes.sizeof(attr)),
+                  f"bpf map create ({name})")
+
+
+def btf_load(data: bytes) -> int:
+    """Type information (raw BTF, as the kernel reports it for a loaded object) as a new fd."""
+    buf = ctypes.create_string_buffer(data, len(data))
+    attr = _BtfLoad(btf=ctypes.addressof(buf), btf_size=len(data))
+    return _check(_libc.syscall(SYS_BPF, BPF_BTF_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)), "bpf btf load")
+
+
+def prog_load(prog_type: int, insns: bytes, license: str, *, name: str = "", kern_version: int = 0,
+              expected_attach_type: int = 0, explain: bool = False) -> int:
+    """Verify and load a program (8-byte instructions, map references already holding fds). With `explain`, a
+    rejection is tried again with the verifier's log, whose last lines end the OSError's message (only then:
+    a log that does not fit its buffer fails even a good program, with ENOSPC)."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(license.encode())
+    attr = _ProgLoad(prog_type=prog_type, insn_cnt=len(insns) // 8, insns=ctypes.addressof(code),
+                     license=ctypes.addressof(lic), kern_version=kern_version, prog_name=name.encode()[:15],
+                     expected_attach_type=expected_attach_type)
+    ret = int(_libc.syscall(SYS_BPF, BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)))
+    if ret >= 0:
+        return ret
+    err = ctypes.get_errno()
+    tail = ""
+    if explain:
+        log = ctypes.create_string_buffer(4 << 20)
+        attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ctypes.addressof(log)
+        ret = int(_libc.syscall(SYS_BPF, BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)))
+        if ret >= 0:  # loaded this time after all
+            return ret
+        lines = log.value.decode(errors="replace").strip().splitlines()
+        tail = ": " + " | ".join(lines[-3:]) if lines else ""
+    raise OSError(err, f"bpf prog load ({name}): {os.strerror(err)}{tail}")
+
+
+def obj_info(fd: int, size: int) -> bytes:
+    """The kernel's bpf_{prog,map,btf}_info of a BPF fd (up to `size` bytes; pointer fields left 0)."""
+    buf = ctypes.create_string_buffer(size)
+    attr = _ObjInfo(bpf_fd=fd, info_len=size, info=ctypes.addressof(buf))
+    _check(_libc.syscall(SYS_BPF, BPF_OBJ_GET_INFO_BY_FD, ctypes.byref(attr), ctypes.sizeof(attr)), "bpf obj info")
+    return buf.raw[:attr.info_len]
 
 
 def _elem(cmd: int, map_fd: int, key: ctypes.Array[ctypes.c_char] | None, value: ctypes.Array[ctypes.c_char] | None,

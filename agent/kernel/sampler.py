@@ -1,4 +1,5 @@
-"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c once (in the compiler process), attaches it to perf events on
+"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c (in the compiler process, once per host and options: later
+starts load it from agent/kernel/bpf_cache.py's compile cache), attaches it to perf events on
 every CPU, and drains its ring buffer on the caller's timer (records are submitted without wakeups). The records
 are decoded by agent/kernel/decode.py, whose types are re-exported here."""
 
@@ -176,13 +177,15 @@ class CpuSampler:
         self.maps_full: dict[str, int] = {}  # per-process map -> processes it had no room for
         self.event_used = ""
 
-    def start(self, pids: list[int]) -> None:
+    def start(self, pids: list[int], on_compile: Callable[[str], None] | None = None) -> None:
+        """Load the program (`on_compile` is told when that means compiling it) and start sampling `pids`."""
         functions = {"on_sample": "perf_event"} | dict.fromkeys(UW_PROGS["uw_progs"], "perf_event")
         if self.config.probes:
             functions |= {"on_call": "uprobe", "on_ret": "uprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
                                                                                    "uprobe")
         try:
-            self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS)
+            self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS,
+                                        on_compile)
         except BpfLoadError as e:
             raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:

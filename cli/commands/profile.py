@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     progress = _Progress(Console(stderr=True), quiet=args.quiet)
     with progress:
-        result = Session(cfg, on_progress=progress.update).run()
+        result = Session(cfg, on_progress=progress.update, on_status=progress.status).run()
     native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
     cap = read_capture(result.capture)
     prof = symbolize_capture(cap, native, options=stack_options(args))
@@ -205,12 +205,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """A one-line live status on stderr: elapsed time, samples, lost samples, processes."""
+    """A one-line live status on stderr: elapsed time, samples, lost samples, processes. Without a terminal, only
+    what start-up waits for (a BPF compile), as a line; nothing with -q."""
 
     def __init__(self, console: Console, quiet: bool) -> None:
         self.console = console
+        self.silent = quiet
         self.quiet = quiet or not console.is_terminal
         self._status = None if self.quiet else console.status("starting BPF sampler…")
+
+    def status(self, line: str) -> None:
+        """What start-up is waiting for (e.g. compiling the BPF program: seconds)."""
+        if self.silent:
+            return
+        if self._status:
+            self._status.update(line + "…")
+        else:
+            self.console.print(f"aiflame: {line}…", highlight=False, markup=False, soft_wrap=True)
 
     def __enter__(self) -> _Progress:
         if self._status:
