@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, aiflame_cmd, conditions, save, set_bpf_stats
+from common import REPO, aiflame_cmd, conditions, save, set_bpf_stats, vm_hwm_kb
 
 sys.path.insert(0, str(REPO))
 from tests.unwind_oracle import (  # noqa: E402
@@ -126,16 +126,6 @@ def table_figures(tmp: Path) -> dict[str, object]:
     }
 
 
-def _vm_hwm_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _cpu_s(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -155,7 +145,7 @@ def capture_run(out: Path, cache: Path, *extra: str) -> dict[str, float]:
                                         str(TORCH_WORK), "3"), cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     hwm, polls = 0, []
     while proc.poll() is None:
-        hwm = max(hwm, _vm_hwm_kb(proc.pid))
+        hwm = max(hwm, vm_hwm_kb(proc.pid))
         cpu = _cpu_s(proc.pid)
         if cpu >= 0:
             polls.append((time.monotonic_ns(), cpu))

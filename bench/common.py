@@ -24,6 +24,17 @@ def rss_mb(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / (1 << 20)
 
 
+def vm_hwm_kb(pid: int) -> int:
+    """Peak resident set (VmHWM) of `pid` in KiB; 0 when it cannot be read (the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def aiflame_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiflame", *args]
 

@@ -25,20 +25,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import REPO, RESULTS, aiflame_cmd
+from common import REPO, RESULTS, aiflame_cmd, vm_hwm_kb
 
 LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
 MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"], "full": []}
-
-
-def _hwm_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _steps(stdout: str) -> dict[str, float]:
@@ -67,7 +57,7 @@ def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, fl
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     hwm = 0
     while proc.poll() is None:
-        hwm = max(hwm, _hwm_kb(proc.pid))
+        hwm = max(hwm, vm_hwm_kb(proc.pid))
         time.sleep(0.1)
     stdout = proc.stdout.read() if proc.stdout else ""
     if proc.returncode:

@@ -185,10 +185,10 @@ def instantiate(entry: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
             codes.append(bytes(code))
         prog_fds = _load_programs(entry, codes, opened)
     except binascii.Error:
-        _close(opened)
+        bpf_sys.close_fds(opened)
         raise EntryCorrupt("bad base64") from None
     except BaseException:
-        _close(opened)
+        bpf_sys.close_fds(opened)
         raise
     reply = entry["reply"]
     fds = list(prog_fds)
@@ -199,7 +199,7 @@ def instantiate(entry: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         fds.append(map_fds[m["map"]])
         handed.add(m["map"])
     # The programs hold the maps they use; the BTF is held by the maps made with it.
-    _close(btf_fds + [fd for i, fd in enumerate(map_fds) if i not in handed])
+    bpf_sys.close_fds(btf_fds + [fd for i, fd in enumerate(map_fds) if i not in handed])
     return {"progs": dict(reply["progs"]), "maps": maps, "uprobe_multi": reply["uprobe_multi"]}, fds
 
 
@@ -228,14 +228,6 @@ def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int])
     if errors:
         raise errors[0]
     return [fds[i] for i in range(len(codes))]
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 class BpfCache:

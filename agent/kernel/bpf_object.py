@@ -91,7 +91,7 @@ class BpfObject:
                 fds.append(bpf_sys.perf_event_open(attr, -1, cpu))
                 fds.append(bpf_sys.link_perf_event(self.progs[prog], fds[-1]))
         except OSError:
-            _close(fds)
+            bpf_sys.close_fds(fds)
             raise
         self._links[f"perf:{prog}"] = fds
 
@@ -114,23 +114,15 @@ class BpfObject:
 
     def detach(self, name: str) -> None:
         """Detach "CATEGORY:EVENT" or "perf:PROG"; nothing when not attached."""
-        _close(self._links.pop(name, []))
+        bpf_sys.close_fds(self._links.pop(name, []))
 
     def close(self) -> None:
         for fds in self._links.values():
-            _close(fds)
+            bpf_sys.close_fds(fds)
         self._links.clear()
-        _close(list(self.progs.values()) + [m.fd for m in self.maps.values()])
+        bpf_sys.close_fds(list(self.progs.values()) + [m.fd for m in self.maps.values()])
         self.progs.clear()
         self.maps.clear()
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str],

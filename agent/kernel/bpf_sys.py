@@ -295,3 +295,12 @@ def tracepoint_id(category: str, event: str) -> int:
         return int((TRACEFS / "events" / category / event / "id").read_text())
     except (OSError, ValueError):
         raise OSError(2, f"no tracepoint {category}:{event} under {TRACEFS} (is tracefs mounted?)") from None
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close each of `fds`, ignoring those already closed."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
