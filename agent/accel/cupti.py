@@ -46,6 +46,7 @@ class CuptiOptions:
     scratch_bytes: int = 0  # 0: CUPTI's default (1 MiB)
     pcs_per_fetch: int = 4096
     drain_ms: int = 100
+    flush_ms: int = 1000  # drains summed in the target and written once a second (0: each drain as it is)
     max_stream_bytes: int = 1 << 30
 
     def env(self) -> dict[str, str]:
@@ -55,6 +56,7 @@ class CuptiOptions:
             "AIFLAME_CUPTI_SCRATCH": str(self.scratch_bytes),
             "AIFLAME_CUPTI_PCS": str(self.pcs_per_fetch),
             "AIFLAME_CUPTI_DRAIN_MS": str(self.drain_ms),
+            "AIFLAME_CUPTI_FLUSH_MS": str(self.flush_ms),
             "AIFLAME_CUPTI_MAX_BYTES": str(self.max_stream_bytes),
         }
 

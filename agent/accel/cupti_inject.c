@@ -14,6 +14,7 @@
  *   AIFLAME_CUPTI_SCRATCH    CUPTI's host scratch buffer in bytes (0: CUPTI's default, 1 MiB)
  *   AIFLAME_CUPTI_PCS        PC records fetched per cuptiPCSamplingGetData (default 4096)
  *   AIFLAME_CUPTI_DRAIN_MS   how often the worker drains the samples (default 100)
+ *   AIFLAME_CUPTI_FLUSH_MS   how often the summed samples are written (default 1000; 0: every drain, unsummed)
  *   AIFLAME_CUPTI_MAX_BYTES  stream size limit; past it PC batches and cubins are dropped and counted (1 GiB)
  *
  * Safety: every failure writes an ERROR record and returns; the target then runs on, unprofiled. Nothing here
@@ -297,6 +298,145 @@ static void count_locked(uint64_t *field) {
     pthread_mutex_unlock(&S.mu);
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Accumulator: CUPTI hands the same hot PCs over at every drain (every 100 ms), so each drain's records are summed
+ * here per (cubin CRC, pc offset, function index, correlation id) and written as one PCS record every flush
+ * interval: a training job's stream grows by the PCs it runs, not by 10 copies a second of them (at 2^20 cycles
+ * an H100 GPT loop wrote 8.5 MB/s of per-drain records, reaching the 1 GiB stream cap in two minutes).
+ * Function names are CUPTI's strings, which live until sampling ends (remember_name). A table that cannot take a
+ * record is written out first; one that cannot be allocated leaves the records written as they come.
+ */
+
+#define ACC_REASONS 64
+#define ACC_CAP 16384 /* slots; written out when 3/4 full */
+
+typedef struct {
+    uint64_t crc, off;
+    uint32_t fidx, corr;
+    char *name;
+    uint32_t n, used;                          /* reasons held; used: the slot is taken */
+    CUpti_PCSamplingStallReason r[ACC_REASONS];
+} acc_pc;
+
+typedef struct {
+    acc_pc *slot;
+    size_t len;
+    uint64_t first_ns, total, dropped, non_user;
+    uint8_t hw_full;
+    int failed;
+} pc_acc;
+
+static size_t acc_hash(uint64_t crc, uint64_t off, uint32_t fidx, uint32_t corr) {
+    uint64_t h = crc * 0x9E3779B97F4A7C15ull ^ (off >> 4) * 0xC2B2AE3D27D4EB4Full ^ ((uint64_t)fidx << 32 | corr);
+    h ^= h >> 29;
+    return (size_t)(h & (ACC_CAP - 1));
+}
+
+/* Write what `a` holds as one PCS record (the batch fields summed) and empty it. */
+static void acc_flush(pc_acc *a, uint32_t ctx, uint64_t time_ns) {
+    if (!a->slot || (!a->len && !a->dropped))
+        return;
+    CUpti_PCSamplingPCData *pcs = calloc(a->len ? a->len : 1, sizeof *pcs);
+    CUpti_PCSamplingData d;
+    memset(&d, 0, sizeof d);
+    d.size = sizeof d;
+    d.totalSamples = a->total;
+    d.droppedSamples = a->dropped;
+    d.nonUsrKernelsTotalSamples = a->non_user;
+    d.hardwareBufferFull = a->hw_full;
+    d.pPcData = pcs;
+    size_t k = 0;
+    for (size_t i = 0; pcs && i < ACC_CAP; i++) {
+        acc_pc *e = &a->slot[i];
+        if (!e->used)
+            continue;
+        pcs[k].size = sizeof pcs[k];
+        pcs[k].cubinCrc = e->crc;
+        pcs[k].pcOffset = e->off;
+        pcs[k].functionIndex = e->fidx;
+        pcs[k].correlationId = e->corr;
+        pcs[k].functionName = e->name;
+        pcs[k].stallReasonCount = e->n;
+        pcs[k].stallReason = e->r;
+        k++;
+    }
+    d.totalNumPcs = k;
+    if (pcs)
+        aiflame_cupti_write_pcs(ctx, a->first_ns ? a->first_ns : time_ns, &d, 0);
+    else
+        count_locked(&S.c.batches_dropped);
+    free(pcs);
+    memset(a->slot, 0, ACC_CAP * sizeof *a->slot);
+    a->len = 0;
+    a->first_ns = a->total = a->dropped = a->non_user = 0;
+    a->hw_full = 0;
+}
+
+/* Sum one drain's records into `a` (writing `a` out first when it is too full); 0, or -1 when `a` cannot be
+ * used (then the caller writes the records as they are). */
+static int acc_add(pc_acc *a, uint32_t ctx, uint64_t time_ns, const CUpti_PCSamplingData *d) {
+    if (a->failed)
+        return -1;
+    if (!a->slot && !(a->slot = calloc(ACC_CAP, sizeof *a->slot))) {
+        a->failed = 1;
+        return -1;
+    }
+    if ((a->len + d->totalNumPcs) * 4 > ACC_CAP * 3)
+        acc_flush(a, ctx, time_ns);
+    if (d->totalNumPcs * 4 > ACC_CAP * 3)
+        return -1; /* more PCs in one drain than the table takes: written as they are */
+    if (!a->first_ns)
+        a->first_ns = time_ns;
+    a->total += d->totalSamples;
+    a->dropped += d->droppedSamples;
+    a->non_user += d->nonUsrKernelsTotalSamples;
+    a->hw_full |= d->hardwareBufferFull;
+    for (size_t i = 0; i < d->totalNumPcs; i++) {
+        const CUpti_PCSamplingPCData *pc = &d->pPcData[i];
+        size_t h = acc_hash(pc->cubinCrc, pc->pcOffset, pc->functionIndex, pc->correlationId);
+        acc_pc *e = &a->slot[h];
+        while (e->used && !(e->crc == pc->cubinCrc && e->off == pc->pcOffset && e->fidx == pc->functionIndex &&
+                            e->corr == pc->correlationId)) {
+            h = (h + 1) & (ACC_CAP - 1);
+            e = &a->slot[h];
+        }
+        if (!e->used) {
+            e->used = 1;
+            e->crc = pc->cubinCrc;
+            e->off = pc->pcOffset;
+            e->fidx = pc->functionIndex;
+            e->corr = pc->correlationId;
+            e->name = pc->functionName;
+            a->len++;
+        }
+        for (size_t k = 0; k < pc->stallReasonCount; k++) {
+            uint32_t idx = pc->stallReason[k].pcSamplingStallReasonIndex;
+            size_t j = 0;
+            while (j < e->n && e->r[j].pcSamplingStallReasonIndex != idx)
+                j++;
+            if (j == e->n) {
+                if (e->n == ACC_REASONS) {
+                    count_locked(&S.c.samples_dropped); /* never seen: CUPTI has fewer reasons than this */
+                    continue;
+                }
+                e->r[e->n].pcSamplingStallReasonIndex = idx;
+                e->r[e->n].samples = 0;
+                e->n++;
+            }
+            e->r[j].samples += pc->stallReason[k].samples;
+        }
+    }
+    return 0;
+}
+
+/* The tests' way in (tests/programs/cupti_stream_driver.c): one accumulator, as a context has. */
+static pc_acc test_acc;
+EXPORT int aiflame_cupti_acc_add(uint32_t ctx, uint64_t time_ns, const CUpti_PCSamplingData *d) {
+    return acc_add(&test_acc, ctx, time_ns, d);
+}
+EXPORT void aiflame_cupti_acc_flush(uint32_t ctx, uint64_t time_ns) { acc_flush(&test_acc, ctx, time_ns); }
+
+
 /* Write the drop counters and the END record, and close the stream. */
 EXPORT void aiflame_cupti_stream_close(void) {
     pthread_mutex_lock(&S.mu);
@@ -351,8 +491,8 @@ static struct {
 static struct {
     uint32_t period;
     size_t hw_buffer, scratch, pcs;
-    unsigned drain_ms;
-} cfg = {20, 64u << 20, 0, 4096, 100};
+    unsigned drain_ms, flush_ms;
+} cfg = {20, 64u << 20, 0, 4096, 100, 1000};
 
 /* One CUDA context being sampled. */
 typedef struct ctx_state {
@@ -364,6 +504,7 @@ typedef struct ctx_state {
     char **reason_names;
     CUpti_PCSamplingData config_buf; /* CUPTI fills it at module unload/load and at Disable */
     CUpti_PCSamplingData data_buf;   /* what GetData fills */
+    pc_acc acc;                      /* drains summed until the next flush */
     struct ctx_state *next;
 } ctx_state;
 
@@ -443,7 +584,9 @@ static int alloc_pc_buffer(CUpti_PCSamplingData *d, size_t pcs, size_t reasons) 
 static void flush_buffer(ctx_state *s, CUpti_PCSamplingData *d, int from_config) {
     if (d->totalNumPcs == 0 && d->droppedSamples == 0)
         return;
-    aiflame_cupti_write_pcs(s->id, mono_ns(), d, from_config);
+    uint64_t now = mono_ns();
+    if (cfg.flush_ms == 0 || acc_add(&s->acc, s->id, now, d) != 0)
+        aiflame_cupti_write_pcs(s->id, now, d, from_config);
     for (size_t i = 0; i < d->totalNumPcs; i++)
         remember_name(d->pPcData[i].functionName);
     d->totalNumPcs = 0;
@@ -489,6 +632,7 @@ static void disable(ctx_state *s) {
     if (r != CUPTI_SUCCESS)
         cupti_error("cuptiPCSamplingDisable", r);
     flush_buffer(s, &s->config_buf, 1); /* Disable copies the last records into the configured buffer */
+    acc_flush(&s->acc, s->id, mono_ns());
     s->enabled = 0;
 }
 
@@ -504,8 +648,12 @@ static void *worker_main(void *arg) {
         pthread_cond_timedwait(&worker_cv, &cupti_mu, &ts);
         if (worker_stop)
             break;
-        for (ctx_state *s = contexts; s; s = s->next)
+        for (ctx_state *s = contexts; s; s = s->next) {
             drain(s);
+            uint64_t now = mono_ns();
+            if (s->acc.first_ns && now - s->acc.first_ns >= (uint64_t)cfg.flush_ms * 1000000ull)
+                acc_flush(&s->acc, s->id, now);
+        }
     }
     pthread_mutex_unlock(&cupti_mu);
     return NULL;
@@ -744,6 +892,7 @@ static int setup(void) {
     cfg.scratch = (size_t)env_u64("AIFLAME_CUPTI_SCRATCH", cfg.scratch, 0, 1ull << 32);
     cfg.pcs = (size_t)env_u64("AIFLAME_CUPTI_PCS", cfg.pcs, 16, 1u << 20);
     cfg.drain_ms = (unsigned)env_u64("AIFLAME_CUPTI_DRAIN_MS", cfg.drain_ms, 1, 60000);
+    cfg.flush_ms = (unsigned)env_u64("AIFLAME_CUPTI_FLUSH_MS", cfg.flush_ms, 0, 600000);
     const char *path = getenv("AIFLAME_CUPTI_LIB");
     void *lib = dlopen(path && *path ? path : "libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
