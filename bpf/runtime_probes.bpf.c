@@ -111,8 +111,8 @@ static __always_inline u64 probe_source(struct call_rec *rec, s16 src) {
 #endif
 #define AIFLAME_CALL_BURST_NS (AIFLAME_CALL_INTERVAL_NS * 64)
 
-/* Whether this CPU may send one more PROBE_SAMPLE record now (a token bucket of 64 records, refilled at
- * AIFLAME_CALL_RATE a second). */
+/* Whether this CPU may send one more PROBE_SAMPLE record now (a token bucket of 64 records, refilled one record
+ * every AIFLAME_CALL_INTERVAL_NS). */
 static __always_inline int call_budget_take(u64 now) {
     if (AIFLAME_CALL_INTERVAL_NS == 0)
         return 1;

@@ -31,6 +31,7 @@ from aiflame.symbolize.accel.fatbin import iter_entries
 from aiflame.symbolize.accel.sass import SassError, disassemble, find_nvdisasm
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
+from aiflame.symbolize.vendor.cupti_stream import NOT_ISSUED_SUFFIX
 from aiflame.symbolize.vendor.xe_eu_stall import map_ips, xe_kernels_from_events
 
 __all__ = [
@@ -51,7 +52,6 @@ UNKNOWN_KERNEL = "[unknown kernel]"
 UNKNOWN_SOURCE = "[unknown source]"
 UNKNOWN_REASON = "[unknown reason]"
 NOT_ISSUED_FRAME = "not issued"
-_LEGACY_NOT_ISSUED = "_not_issued"  # captures before the split stored CUPTI's subsets as reasons of their own
 
 # Vendors' prefixes that only repeat what the layer says (Nsight Compute's metric names for CUPTI's reasons).
 _REASON_PREFIXES = ("smsp__pcsamp_warps_issue_stalled_", "smsp__pcsamp_", "warps_issue_stalled_")
@@ -210,9 +210,9 @@ def _split_legacy_not_issued(agg: Counter[_Key], counters: Counter[str]) -> None
     """Captures written before aiflame split CUPTI's `<reason>_not_issued` hold it as samples of a reason of its
     own, next to its reason's full count: move it under its reason (as the not-issued part), so that a sample
     counts once in those captures too."""
-    legacy = [k for k in agg if k.source == "cupti" and not k.not_issued and k.reason.endswith(_LEGACY_NOT_ISSUED)]
+    legacy = [k for k in agg if k.source == "cupti" and not k.not_issued and k.reason.endswith(NOT_ISSUED_SUFFIX)]
     for k in legacy:
-        base = replace(k, reason=k.reason[:-len(_LEGACY_NOT_ISSUED)])
+        base = replace(k, reason=k.reason[:-len(NOT_ISSUED_SUFFIX)])
         if base not in agg:
             continue  # no such reason beside it: a reason of its own after all
         m = agg.pop(k)

@@ -23,7 +23,7 @@ from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
 from aiflame.core.raw import GpuCode, RawStallSample
 from aiflame.core.safe_files import FileRefused, OutputDir, read_regular
 from aiflame.symbolize.accel.cubin import cubin_arch
-from aiflame.symbolize.vendor.cupti_stream import CuptiStream, CuptiStreamError, parse_stream
+from aiflame.symbolize.vendor.cupti_stream import NOT_ISSUED_SUFFIX, CuptiStream, CuptiStreamError, parse_stream
 
 __all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti",
            "reason_counts", "stalls_from_stream"]
@@ -112,9 +112,6 @@ def stalls_from_stream(s: CuptiStream) -> tuple[list[RawStallSample], list[GpuCo
     return samples, code, counts
 
 
-NOT_ISSUED = "_not_issued"
-
-
 def reason_counts(pairs: Iterable[tuple[int, int]], table: Mapping[int, str], counts: Counter[str]
                   ) -> list[tuple[str, int, bool]]:
     """One PC record's (reason, samples, not issued) by CUPTI's definitions: `<reason>_not_issued` counts the
@@ -134,9 +131,9 @@ def reason_counts(pairs: Iterable[tuple[int, int]], table: Mapping[int, str], co
     names = set(table.values())
     out: list[tuple[str, int, bool]] = []
     for name, n in by_name.items():
-        if name.endswith(NOT_ISSUED) and name[:-len(NOT_ISSUED)] in names:
+        if name.endswith(NOT_ISSUED_SUFFIX) and name[:-len(NOT_ISSUED_SUFFIX)] in names:
             continue  # taken with its reason below
-        sub = by_name.get(name + NOT_ISSUED, 0) if name + NOT_ISSUED in names else 0
+        sub = by_name.get(name + NOT_ISSUED_SUFFIX, 0) if name + NOT_ISSUED_SUFFIX in names else 0
         if sub > n:
             counts["cupti_not_issued_over_reason"] += sub - n
         if n > sub:
@@ -145,8 +142,8 @@ def reason_counts(pairs: Iterable[tuple[int, int]], table: Mapping[int, str], co
             out.append((name, sub, True))
             counts["cupti_not_issued_samples"] += sub
     for name, sub in by_name.items():  # a not-issued count whose reason has no samples at this PC
-        base = name[:-len(NOT_ISSUED)]
-        if name.endswith(NOT_ISSUED) and base in names and base not in by_name:
+        base = name[:-len(NOT_ISSUED_SUFFIX)]
+        if name.endswith(NOT_ISSUED_SUFFIX) and base in names and base not in by_name:
             counts["cupti_not_issued_over_reason"] += sub
             counts["cupti_not_issued_samples"] += sub
             out.append((base, sub, True))

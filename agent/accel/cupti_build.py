@@ -7,7 +7,7 @@ from the path the agent passes.
 
 CUPTI's headers include CUDA's runtime types, which include `crt/host_defines.h`. A pip install of PyTorch brings
 CUPTI's and the runtime's headers but not `crt/` (that is `nvidia-cuda-crt`), so `crt/` is looked for where a GPU
-host keeps it (`cuda_headers`); where there is none, `cuda_shim/crt/host_defines.h` (ours: the dozen empty
+host keeps it (`find_crt`); where there is none, `cuda_shim/crt/host_defines.h` (ours: the dozen empty
 host-side macros those headers use) stands in, which compiles the library to the same code.
 """
 

@@ -361,10 +361,15 @@ static void acc_flush(pc_acc *a, uint32_t ctx, uint64_t time_ns) {
         k++;
     }
     d.totalNumPcs = k;
-    if (pcs)
+    if (pcs) {
         aiflame_cupti_write_pcs(ctx, a->first_ns ? a->first_ns : time_ns, &d, 0);
-    else
-        count_locked(&S.c.batches_dropped);
+    } else { /* counted as a record the stream could not take (aiflame_cupti_write_pcs) */
+        pthread_mutex_lock(&S.mu);
+        S.c.batches_dropped++;
+        S.c.pcs_dropped += a->len;
+        S.c.samples_dropped += a->total;
+        pthread_mutex_unlock(&S.mu);
+    }
     free(pcs);
     memset(a->slot, 0, ACC_CAP * sizeof *a->slot);
     a->len = 0;

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from aiflame.agent.kernel.records import MAX_PROBES, ProbeFlag, ProbeSpecRec
+from aiflame.agent.kernel.records import MAX_PROBES, PROBE_ARGS, PROBE_DEREFS, ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
 from aiflame.agent.kernel.uprobes import ProbeSite
 from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, Runtime, TargetMemory
@@ -431,12 +431,12 @@ class ProbeManager:
             if probe >= len(self._specs) or n <= 0:
                 continue
             spec = self._specs[probe][1]
-            args = [0] * 8
-            args[spec.sample_arg & 7] = arg
+            args = [0] * PROBE_ARGS
+            args[spec.sample_arg % PROBE_ARGS] = arg
             self.calls_counted += n
             self.calls_unsent += n
             first = len(self._events)
-            self._finish(Call(spec, pid, 0, end_ns, tuple(args), (None,) * 4, None, calls=n))
+            self._finish(Call(spec, pid, 0, end_ns, tuple(args), (None,) * PROBE_DEREFS, None, calls=n))
             for ev in self._events[first:]:
                 ev.args["stackless"] = 1
 

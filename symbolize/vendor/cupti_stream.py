@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 
 from aiflame.core.errors import BadInput
 
-__all__ = ["MAGIC", "VERSION", "CubinRecord", "CuptiStream", "CuptiStreamError", "PcBatch", "PcRecord", "PcTotal",
-           "RecordType", "StreamError", "parse_stream"]
+__all__ = ["MAGIC", "NOT_ISSUED_SUFFIX", "VERSION", "CubinRecord", "CuptiStream", "CuptiStreamError", "PcBatch",
+           "PcRecord", "PcTotal", "RecordType", "StreamError", "parse_stream"]
 
 MAGIC = b"AIFLCUPT"
+# CUPTI names the subset of a reason's samples in which no instruction issued `<reason>` + this suffix.
+NOT_ISSUED_SUFFIX = "_not_issued"
 VERSION = 1
 _HEADER = struct.Struct("<8sHHIQ")
 _RECORD = struct.Struct("<HHI")

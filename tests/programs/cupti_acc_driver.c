@@ -10,10 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int aiflame_cupti_stream_open(const char *path);
-int aiflame_cupti_acc_add(uint32_t ctx, uint64_t time_ns, const CUpti_PCSamplingData *d);
-void aiflame_cupti_acc_flush(uint32_t ctx, uint64_t time_ns);
-void aiflame_cupti_stream_close(void);
+#include "aiflame_cupti.h"
 
 static uint64_t state;
 static uint64_t rnd(void) {
