@@ -1,5 +1,5 @@
 /* The entry points agent/accel/cupti_inject.c exports for its test drivers (cupti_stream_driver.c, the stream
- * serializer; cupti_acc_driver.c, the accumulator). Include after <cupti_pcsampling.h>. */
+ * serializer; cupti_acc_driver.c, the accumulator), and their seeded numbers. Include after <cupti_pcsampling.h>. */
 #ifndef AIFLAME_CUPTI_TEST_H
 #define AIFLAME_CUPTI_TEST_H
 #include <stddef.h>
@@ -15,4 +15,13 @@ void aiflame_cupti_write_pcs(uint32_t ctx, uint64_t time_ns, const CUpti_PCSampl
 int aiflame_cupti_acc_add(uint32_t ctx, uint64_t time_ns, const CUpti_PCSamplingData *d);
 void aiflame_cupti_acc_flush(uint32_t ctx, uint64_t time_ns);
 void aiflame_cupti_stream_close(void);
+
+/* The drivers' values come from a seed (xorshift64): a failing seed fails again. */
+static uint64_t state;
+static uint64_t rnd(void) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+}
 #endif

@@ -12,14 +12,6 @@
 
 #include "aiflame_cupti.h"
 
-static uint64_t state;
-static uint64_t rnd(void) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-}
-
 int main(int argc, char **argv) {
     if (argc < 4)
         return 2;

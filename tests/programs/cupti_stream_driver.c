@@ -14,14 +14,6 @@
 
 #include "aiflame_cupti.h"
 
-static uint64_t state;
-static uint64_t rnd(void) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-}
-
 static void rnd_name(char *out, size_t max) {
     size_t n = 1 + rnd() % (max - 1);
     for (size_t i = 0; i < n; i++)
