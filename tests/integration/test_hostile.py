@@ -167,9 +167,11 @@ def _watch_rss_and_tty(proc: subprocess.Popen[str]) -> tuple[float, set[int]]:
             peak = max(peak, rss_peak_mb(proc.pid))
             ttys.add(int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[4]))
             reads += 1
-        except (OSError, ValueError, AssertionError):  # gone, or a zombie without VmHWM: only at exit
-            if proc.poll() is None:
-                raise
+        except (OSError, ValueError, AssertionError):  # gone, or exiting without VmHWM: only at exit
+            try:  # its memory is released in do_exit before it can be reaped: give the exit time to finish
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{proc.pid} is running but its RSS cannot be read") from None
         time.sleep(0.05)
     assert reads > 0, "the process exited before its RSS could be read once"
     return peak, ttys
