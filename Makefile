@@ -17,7 +17,7 @@ examples: setup ## build the bundled example workloads (examples/bin/)
 demo: setup examples ## profile the training steps of a 2-rank gloo DDP job (from its first collective): flame graph, Chakra traces, balance report
 	$(PY) -m aiflame profile -F 199 -o out/demo --force --formats folded,svg,chakra,perfetto --delay collective -- $(PY) examples/ddp_gloo.py --steps 200
 	$(PY) -m aiflame report comm out/demo/profile.aiflame --plot out/demo/comm.svg
-	@echo "open out/demo/profile.svg and out/demo/comm.svg in a browser, out/demo/profile.perfetto.json in ui.perfetto.dev;"
+	@echo "open out/demo/profile.svg and out/demo/comm.svg in a browser, out/demo/profile.pftrace in ui.perfetto.dev;"
 	@echo "Chakra traces for ASTRA-sim: out/demo/profile.<rank>.et with out/demo/profile.network.yml (docs/chakra.md)"
 
 lint: setup ## ruff, mypy and the layer contracts (lint-imports, see pyproject.toml)

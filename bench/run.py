@@ -24,6 +24,7 @@ BENCHES = [
     ["launch_rate.py"],
     ["gpu_host.py", "--device", "cpu", "--small", "--seconds", "8", "--rounds", "2"],  # the CPU side, as a proxy
     ["start_time.py"],
+    ["perfetto_size.py", "--seconds", "5,20"],
 ]
 
 

@@ -8,7 +8,7 @@ from .base import Exporter, ExportError, NothingToExport, Option, Output, frame_
 from .chakra import ChakraExporter
 from .comm_plot import CommPlotExporter
 from .folded import FoldedExporter
-from .perfetto import PerfettoExporter
+from .perfetto import PerfettoExporter, PerfettoJsonExporter
 from .pprof import PprofExporter
 from .speedscope import SpeedscopeExporter
 from .svg import SvgExporter
@@ -35,6 +35,7 @@ REGISTRY: dict[str, type[Exporter]] = {
         ChakraExporter,
         CommPlotExporter,
         PerfettoExporter,
+        PerfettoJsonExporter,
     )
 }
 

@@ -1,5 +1,6 @@
-"""A timeline to open in Perfetto (ui.perfetto.dev) or chrome://tracing: Chrome's trace-event JSON, as PyTorch's
-profiler writes it. One process per rank; per rank a track "NPU compute" with the compute intervals the Chakra
+"""A timeline to open in Perfetto (ui.perfetto.dev) or chrome://tracing, laid out as Chrome's trace-event list (the
+model PyTorch's profiler writes) and written as Perfetto's protobuf (`perfetto`, exporters/perfetto_trace.py) or as
+that JSON (`perfetto-json`). One process per rank; per rank a track "NPU compute" with the compute intervals the Chakra
 COMP nodes are made of (and, after each, what the rest of that piece was: waiting for communication, or blocked),
 and one track per thread with its collectives and sends/receives (type, bytes, peer, the simulated type and size),
 their waits, and its kernel launches, copies and syncs. Flow arrows join each send to its receive. All of it comes
@@ -167,17 +168,33 @@ def _op_args(op: CommOp, plan: dict[int, Any], messages: dict[int, tuple[int, in
     return args
 
 
+def _other_data(tl: JobTimeline) -> dict[str, Any]:
+    return {"producer": "aiflame", "sampling_hz": tl.frequency_hz, "world_size": tl.world, "warnings": tl.warnings}
+
+
 class PerfettoExporter(Exporter):
-    """Chrome trace-event JSON of the capture's timeline (compute, communication, waits, launches per rank)."""
+    """Perfetto's protobuf trace of the capture's timeline (compute, communication, waits, launches per rank)."""
 
     name = "perfetto"
+    extension = ".pftrace"
+    description = "timeline for ui.perfetto.dev (Perfetto's protobuf format): compute, collectives, waits, launches"
+
+    def render(self, profile: Profile) -> bytes:
+        from . import perfetto_trace  # Perfetto's schema takes 70 ms to import: only when this format is asked for
+
+        tl = build_timeline(profile)
+        return perfetto_trace.encode(trace_events(profile, tl), _other_data(tl), LANE_TID)
+
+
+class PerfettoJsonExporter(Exporter):
+    """The same timeline as Chrome trace-event JSON (chrome://tracing, scripts that read PyTorch's traces)."""
+
+    name = "perfetto-json"
     extension = ".perfetto.json"
     text = True
-    description = "timeline for Perfetto / chrome://tracing: compute, collectives, p2p, waits, launches per rank"
+    description = "the perfetto timeline as Chrome trace-event JSON (chrome://tracing); several times larger"
 
     def render(self, profile: Profile) -> bytes:
         tl = build_timeline(profile)
-        doc = {"traceEvents": trace_events(profile, tl), "displayTimeUnit": "ms",
-               "otherData": {"producer": "aiflame", "sampling_hz": tl.frequency_hz, "world_size": tl.world,
-                             "warnings": tl.warnings}}
+        doc = {"traceEvents": trace_events(profile, tl), "displayTimeUnit": "ms", "otherData": _other_data(tl)}
         return json.dumps(doc, separators=(",", ":")).encode()

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--format", required=True, help=f"one of: {', '.join(REGISTRY)}")
     p.add_argument("-o", "--output", type=Path,
                    help="output file (default: capture name + extension; its directory is made if missing); "
-                        "- for stdout (text formats: folded, svg, speedscope, perfetto, comm-svg); "
+                        "- for stdout (text formats: folded, svg, speedscope, perfetto-json, comm-svg); "
                         "for chakra a prefix: PREFIX.<rank>.et")
     p.add_argument("--obfuscate", action="store_true",
                    help="replace function, kernel, file and process names with stable keyed hashes (for sharing)")

@@ -21,7 +21,7 @@ from aiflame.exporters.chakra_check import check
 from tests.conftest import REPO
 from tests.integration.conftest import aiflame
 from tests.unit.test_chakra_replay import attrs, load, pb, replay
-from tests.unit.test_chakra_sim import check_trace_events
+from tests.unit.test_chakra_sim import check_trace_events, same_timeline
 
 STEPS = 3
 Job = tuple[Path, dict[int, dict[str, Any]]]  # output directory, the program's account by rank
@@ -51,7 +51,7 @@ MAPPED: dict[str, tuple[int, Callable[[int], int]]] = {
 def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     tmp = tmp_path_factory.mktemp("chakra")
     expect = tmp / "expect.jsonl"
-    aiflame("profile", "-o", str(tmp / "out"), "-q", "-F", "499", "--formats", "folded,chakra,perfetto", "--",
+    aiflame("profile", "-o", str(tmp / "out"), "-q", "-F", "499", "--formats", "folded,chakra,perfetto,perfetto-json", "--",
             sys.executable, str(REPO / "examples" / "ddp_gloo.py"), "--steps", str(STEPS), "--expect", str(expect),
             timeout=150)
     ranks = {}
@@ -126,6 +126,7 @@ def test_network_and_perfetto_timeline(job: Job) -> None:
     assert "topology: [ Switch ]" in net and "npus_count: [ 2 ]" in net
     doc = json.loads((out / "profile.perfetto.json").read_text())
     tracks = check_trace_events(doc)
+    same_timeline(doc, (out / "profile.pftrace").read_bytes())  # the protobuf timeline is the same one
     cats = Counter(e["cat"] for evs in tracks.values() for e in evs)
     assert cats["compute"] and cats["collective"] >= 2 * 12 and cats["p2p"] == 4 and cats["wait"]
 

@@ -23,6 +23,7 @@ from aiflame.exporters.chakra_nodes import COMP, build_traces
 from aiflame.exporters.perfetto import NPU_TID
 from aiflame.exporters.rank_timeline import build_timeline
 from aiflame.exporters.sim_report import SimLogError, compare, idle_notes, parse_sim_log, problems
+from tests import perfetto_read
 from tests.unit.test_chakra import MS, ev, gloo_job, replayed_finish, samples, timed_job
 
 LOG = "".join(f"[2026-11-25 15:27:16.872] [workload] [info] sys[{r}] finished, {t} cycles, exposed communication "
@@ -148,9 +149,9 @@ def check_trace_events(doc: dict[str, Any]) -> dict[tuple[int, int], list[dict[s
 
 @pytest.mark.parametrize("make", [timed_job, gloo_job])
 def test_perfetto_timeline_follows_the_format_and_the_chakra_nodes(make: Any) -> None:
-    assert REGISTRY["perfetto"].extension == ".perfetto.json"
+    assert REGISTRY["perfetto-json"].extension == ".perfetto.json"
     prof = make()
-    doc = json.loads(get_exporter("perfetto").render(prof))
+    doc = json.loads(get_exporter("perfetto-json").render(prof))
     tracks = check_trace_events(doc)
     traces = build_traces(prof)
     base = prof.start_ns or traces.timeline.start_ns
@@ -177,7 +178,7 @@ def test_perfetto_flows_follow_a_send_and_receive_moved_to_an_overlap_lane() -> 
     prof = gloo_job()
     for r in (0, 1):  # an all-gather on the point-to-point thread that ends inside the send/recv (from 200 µs)
         prof.events.append(ev(r, "allgather", 199_000, 2000, tid=100 + r, bytes=64))
-    doc = json.loads(get_exporter("perfetto").render(prof))
+    doc = json.loads(get_exporter("perfetto-json").render(prof))
     tracks = check_trace_events(doc)  # each flow event on its slice's track
     p2p = {e["name"]: e["tid"] for evs in tracks.values() for e in evs if e["cat"] == "p2p"}
     assert p2p["send"] not in (100, 101) and p2p["recv"] not in (100, 101)  # moved off the ranks' threads
@@ -186,5 +187,44 @@ def test_perfetto_flows_follow_a_send_and_receive_moved_to_an_overlap_lane() -> 
 
 
 def test_perfetto_without_events_is_an_empty_timeline() -> None:
-    doc = json.loads(get_exporter("perfetto").render(Profile()))
+    doc = json.loads(get_exporter("perfetto-json").render(Profile()))
     assert doc["traceEvents"] == []
+    slices, _, info, _ = perfetto_read.read(get_exporter("perfetto").render(Profile()))
+    assert slices == [] and info["producer"] == "aiflame"
+
+
+def same_timeline(doc: dict[str, Any], data: bytes) -> None:
+    """The protobuf trace holds the JSON timeline's slices and instants (same pid, track name, name, category,
+    start, duration and arguments), its processes in rank order, and one flow per message."""
+    slices, tracks, info, flows = perfetto_read.read(data)
+    assert info["world_size"] == doc["otherData"]["world_size"]
+    meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    order = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
+    got_procs = {t["pid"]: (t["name"], t["sort"]) for t in tracks.values() if not t["parent"] and t["pid"] >= 0}
+    assert got_procs == {pid: (name, order[pid]) for pid, name in procs.items()}
+    for e in slices:
+        e["thread"] = tracks[e.pop("track")]["name"]
+    want = [{"ph": e["ph"], "pid": e["pid"], "name": e["name"], "ts": e["ts"], "cat": e.get("cat", ""),
+             "args": e.get("args", {}), "thread": threads.get((e["pid"], e["tid"]), "thread"),
+             **({"dur": e["dur"]} if e["ph"] == "X" else {})}
+            for e in doc["traceEvents"] if e["ph"] in ("X", "i")]
+
+    def key(e: dict[str, Any]) -> tuple[Any, ...]:
+        return (e["pid"], e["thread"], e["ts"], -e.get("dur", 0), e["name"])
+
+    assert sorted(slices, key=key) == sorted(want, key=key)
+    assert flows == sum(1 for e in doc["traceEvents"] if e["ph"] == "s")
+
+
+@pytest.mark.parametrize("make", [timed_job, gloo_job])
+def test_perfetto_protobuf_is_the_json_timeline(make: Any) -> None:
+    """`perfetto` (Perfetto's protobuf) and `perfetto-json` are one timeline: read back by a reader that applies
+    Perfetto's TrackEvent rules (tests/perfetto_read.py), every slice, instant, name and argument is there."""
+    assert REGISTRY["perfetto"].extension == ".pftrace" and not REGISTRY["perfetto"].text
+    prof = make()
+    doc = json.loads(get_exporter("perfetto-json").render(prof))
+    data = get_exporter("perfetto").render(prof)
+    same_timeline(doc, data)
+    assert len(data) < len(json.dumps(doc)) / 2

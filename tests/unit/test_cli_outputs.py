@@ -27,7 +27,7 @@ def _one_error_line(err: str, *parts: str) -> None:
         assert p in err, err
 
 
-@pytest.mark.parametrize("fmt", ["folded", "speedscope", "svg", "perfetto"])
+@pytest.mark.parametrize("fmt", ["folded", "speedscope", "svg", "perfetto-json"])
 def test_dash_is_stdout_for_text_formats(fmt: str, capture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     monkeypatch.chdir(tmp_path)
@@ -38,7 +38,7 @@ def test_dash_is_stdout_for_text_formats(fmt: str, capture: Path, tmp_path: Path
     assert out == (tmp_path / "file").read_bytes()  # stdout holds exactly what the file holds
     if fmt == "folded":
         assert out.decode().splitlines() and all(line.rsplit(" ", 1)[1] == "12" for line in out.decode().splitlines())
-    elif fmt in ("speedscope", "perfetto"):
+    elif fmt in ("speedscope", "perfetto-json"):
         json.loads(out)
     else:
         assert out.startswith(b"<?xml")
@@ -52,7 +52,7 @@ def test_render_dash_is_stdout(capture: Path, tmp_path: Path, monkeypatch: pytes
     assert out.startswith(b"<?xml") and out.rstrip().endswith(b"</svg>") and not (tmp_path / "-").exists()
 
 
-@pytest.mark.parametrize(("fmt", "what"), [("pprof", "binary"), ("chakra", "several files")])
+@pytest.mark.parametrize(("fmt", "what"), [("pprof", "binary"), ("perfetto", "binary"), ("chakra", "several files")])
 def test_dash_is_refused_for_binary_formats(fmt: str, what: str, capture: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
