@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     progress = _Progress(Console(stderr=True), quiet=args.quiet)
     with progress:
         result = Session(cfg, on_progress=progress.update, on_status=progress.status).run()
+    progress.phase(f"symbolizing {result.stats.samples} samples")
     native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
     cap = read_capture(result.capture)
     prof = symbolize_capture(cap, native, options=stack_options(args))
@@ -183,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         return {"title": args.title or f"aiflame: {target}{v.label}",
                 "subtitle": f"{v.what}{rate}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"}
 
+    progress.phase(f"writing {', '.join(formats) or 'the capture'} to {out_dir}")
     files, notes = write_views(views, formats, out_dir, svg_options)
     written += files
     result.warnings.extend(notes)
@@ -205,14 +207,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """A one-line live status on stderr: elapsed time, samples, lost samples, processes. Without a terminal, only
-    what start-up waits for (a BPF compile), as a line; nothing with -q."""
+    """A one-line live status on stderr: elapsed time, samples, lost samples, processes. Without a terminal, one
+    line per phase (starting the sampler, compiling, sampling, symbolizing, writing); nothing with -q."""
 
     def __init__(self, console: Console, quiet: bool) -> None:
         self.console = console
         self.silent = quiet
         self.quiet = quiet or not console.is_terminal
         self._status = None if self.quiet else console.status("starting BPF sampler…")
+        self._sampling = False
+
+    def phase(self, line: str) -> None:
+        """A new phase: its line printed once without a terminal (the live status has ended by then)."""
+        if not self.silent and not self._status:
+            self.console.print(f"aiflame: {line}…", highlight=False, markup=False, soft_wrap=True)
 
     def status(self, line: str) -> None:
         """What start-up is waiting for (e.g. compiling the BPF program: seconds)."""
@@ -226,6 +234,8 @@ class _Progress:
     def __enter__(self) -> _Progress:
         if self._status:
             self._status.__enter__()
+        else:
+            self.phase("starting BPF sampler")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -233,6 +243,9 @@ class _Progress:
             self._status.__exit__(None, None, None)
 
     def update(self, s: SessionStats) -> None:
+        if not self._sampling:
+            self._sampling = True
+            self.phase("sampling (Ctrl-C to stop)")
         if self._status:
             self._status.update(f"profiling  {s.elapsed_s:6.1f} s  samples {s.samples}  lost {s.lost}  "
                                 f"processes {s.pids}  (Ctrl-C to stop)")

@@ -252,6 +252,11 @@ def test_profile_says_it_compiles_without_a_terminal_and_is_quiet_on_a_hit(tmp_p
                               capture_output=True, text=True, timeout=120, check=True)
         runs.append(proc.stderr)
         assert (out / "profile.folded").read_text().strip(), proc.stderr  # samples either way
-    assert runs[0].startswith("aiflame: compiling the BPF program"), runs[0]
+    lines = runs[0].splitlines()
+    # one line per phase, in order, without a terminal
+    assert lines[0] == "aiflame: starting BPF sampler…", runs[0]
+    assert lines[1].startswith("aiflame: compiling the BPF program"), runs[0]
+    phases = [ln for ln in runs[1].splitlines() if ln.startswith("aiflame: ")]
+    assert [p.split()[1] for p in phases[:4]] == ["starting", "sampling", "symbolizing", "writing"], runs[1]
     assert "compiling" not in runs[1], runs[1]
     assert runs[2] == "", runs[2]
