@@ -20,6 +20,7 @@ from aiflame.cli.commands import (
     annotate,
     chakra,
     doctor,
+    dump,
     export,
     gpu_symbols,
     import_,
@@ -35,7 +36,8 @@ from aiflame.core.errors import AiflameError
 
 # In the order `aiflame --help` lists them.
 COMMANDS: tuple[Command, ...] = (profile, export, render, report, chakra, annotate, import_, gpu_symbols,
-                                 recover, doctor, agent, trigger, status, top)
+                                 recover, doctor, agent, trigger, status, top,
+                                 dump)
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 USAGE_ERROR = 2  # argparse's status for a command line it cannot parse
