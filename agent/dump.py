@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiflame.agent.procmaps import read_maps
-from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python, python_threads
+from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python
 from aiflame.core.errors import TargetGone
 from aiflame.core.model import Frame, FrameKind
 from aiflame.core.python_layouts import PyLayout
@@ -308,6 +308,27 @@ def _py_frames(mem: ProcessMemory, tstate: int, lay: PyLayout) -> list[RawPyFram
     return out
 
 
+def _python_threads(mem: ProcessMemory, t: PyTarget) -> dict[int, int]:
+    """Kernel tid -> thread state of every Python thread (up to MAX_THREADS; detect.python_threads stops at 256),
+    matched as detect.python_threads matches them."""
+    lay = t.layout
+    interp = mem.u64(t.runtime_addr + lay.runtime_interp_head)
+    out: dict[int, int] = {}
+    ts = mem.u64(interp + lay.interp_tstate_head) if interp else 0
+    seen: set[int] = set()
+    while ts and len(seen) < MAX_THREADS and ts not in seen:
+        seen.add(ts)
+        if lay.tstate_native_thread_id >= 0:
+            tid = mem.u64(ts + lay.tstate_native_thread_id)
+        else:
+            pt = mem.u64(ts + lay.tstate_thread_id)
+            tid = int.from_bytes(mem.read(pt + t.tid_offset, 4), "little") if pt else 0
+        if tid:
+            out.setdefault(tid, ts)
+        ts = mem.u64(ts + lay.tstate_next)
+    return out
+
+
 def _gil_holder(mem: ProcessMemory, t: PyTarget) -> int | None:
     """Address of the thread state holding the GIL, 0 when it is free; None when it cannot be read."""
     spec = _GIL.get(t.version[:2])
@@ -371,7 +392,7 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
                 res.notes.append(why + " (those threads: Python frames only)")
         if target is not None:
             try:
-                tstates = python_threads(target, mem)
+                tstates = _python_threads(mem, target)
             except ProcessMemoryError as e:
                 res.notes.append(f"Python thread states unreadable: {e}")
             holder = _gil_holder(mem, target)
