@@ -27,7 +27,7 @@ from rich.text import Text
 
 from aiflame.agent.daemon.protocol import LatestRequest, ProtocolError, StatusRequest, request
 from aiflame.core.capture import CaptureError, read_capture
-from aiflame.core.model import EventKind, FrameKind, Profile
+from aiflame.core.model import EventKind, Frame, FrameKind, Profile
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import symbolize_capture
 
@@ -40,24 +40,43 @@ class TopView:
 
     source: str
     samples: int = 0
-    stacks: list[tuple[int, str]] = field(default_factory=list)
+    stacks: list[tuple[int, str, str]] = field(default_factory=list)  # weight, leaf, callers (nearest first)
+    functions: list[tuple[int, int, str]] = field(default_factory=list)  # self, total, function
     kernels: list[tuple[int, str]] = field(default_factory=list)
     collectives: list[tuple[int, int, str]] = field(default_factory=list)  # calls, bytes, name
     lost: int = 0
 
 
+def function_label(f: Frame) -> str:
+    """A function as `top` names it: Python ones with their file, native ones with their binary."""
+    where = os.path.basename(f.file) if f.kind == FrameKind.PYTHON and f.file else f.module
+    return f"{f.name} ({where})" if where and where not in f.name else f.name
+
+
 def view_of(prof: Profile, source: str, pid: int | None = None, top: int = 12) -> TopView:
-    """The hottest stacks (leaf last), kernels by launches and collectives by bytes, of `pid` or everything."""
+    """The hottest stacks (their leaf, and callers nearest first), the functions by self and total samples (as
+    py-spy top ranks them: self = the leaf, total = anywhere in the stack, once per sample), kernels by launches
+    and collectives by bytes, of `pid` or everything."""
     v = TopView(source)
-    stacks: Counter[str] = Counter()
+    stacks: Counter[tuple[str, str]] = Counter()
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
     for s in prof.samples:
         if pid is not None and s.pid != pid:
             continue
-        names = [f.name for f in s.stack if f.kind not in _SKIP]
-        label = (s.comm + ": " if s.comm else "") + " ; ".join(names[-6:])
-        stacks[label] += s.weight
+        frames = [f for f in s.stack if f.kind not in _SKIP]
+        names = [function_label(f) for f in frames]
+        leaf = names[-1] if names else "[no frames]"
+        callers = " ← ".join(reversed(names[:-1]))
+        stacks[((s.comm + ": " if s.comm else "") + leaf, callers)] += s.weight
         v.samples += s.weight
-    v.stacks = [(w, st) for st, w in stacks.most_common(top)]
+        if names:
+            own[leaf] += s.weight
+            for n in set(names):
+                total[n] += s.weight
+    v.stacks = [(w, leaf, callers) for (leaf, callers), w in stacks.most_common(top)]
+    ranked = sorted(total, key=lambda n: (-own[n], -total[n], n))[:top]
+    v.functions = [(own[n], total[n], n) for n in ranked]
     kernels: Counter[str] = Counter()
     coll: dict[str, list[int]] = {}
     for e in prof.events:
@@ -77,14 +96,24 @@ def view_of(prof: Profile, source: str, pid: int | None = None, top: int = 12) -
 
 
 def render(v: TopView) -> Group:
-    stacks = Table(title=f"hottest stacks — {escape(v.source)} — {v.samples} samples, lost {v.lost}",
-                   title_justify="left", expand=True)
+    share = max(v.samples, 1)
+    funcs = Table(title=f"functions by self time — {escape(v.source)} — {v.samples} samples, lost {v.lost}",
+                  title_justify="left", expand=True)
+    funcs.add_column("%self", justify="right", min_width=6, no_wrap=True)
+    funcs.add_column("%total", justify="right", min_width=6, no_wrap=True)
+    funcs.add_column("self", justify="right", min_width=5, no_wrap=True)
+    funcs.add_column("total", justify="right", min_width=5, no_wrap=True)
+    funcs.add_column("function", overflow="fold")  # never cut: a long name wraps
+    for own, tot, name in v.functions:
+        funcs.add_row(f"{100 * own / share:.1f}", f"{100 * tot / share:.1f}", str(own), str(tot), escape(name))
+    stacks = Table(title="hottest stacks", title_justify="left", expand=True)
     stacks.add_column("%", justify="right", min_width=5, no_wrap=True)
     stacks.add_column("samples", justify="right", min_width=7, no_wrap=True)
-    stacks.add_column("stack (… ; leaf)", overflow="ellipsis", no_wrap=True)
-    for w, st in v.stacks:
-        stacks.add_row(f"{100 * w / max(v.samples, 1):.1f}", str(w), escape(st))
-    parts: list[Table | Text] = [stacks]
+    stacks.add_column("leaf", overflow="fold", ratio=1)  # the leaf whole (it wraps); the callers are what is cut
+    stacks.add_column("called from (nearest first)", overflow="ellipsis", no_wrap=True, ratio=1)
+    for w, leaf, callers in v.stacks:
+        stacks.add_row(f"{100 * w / share:.1f}", str(w), escape(leaf), escape(callers))
+    parts: list[Table | Text] = [funcs, stacks]
     if v.kernels:
         k = Table(title="kernels by launches", title_justify="left")
         k.add_column("launches", justify="right")

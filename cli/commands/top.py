@@ -9,7 +9,7 @@ from aiflame.cli import argtypes
 from aiflame.cli.daemon_args import EXAMPLES, add_socket
 
 NAME = "top"
-HELP = "live view of the hottest stacks, kernels and collectives"
+HELP = "live view of the hottest functions (self and total), stacks, kernels and collectives"
 DESCRIPTION = ""
 __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
 

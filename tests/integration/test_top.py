@@ -65,6 +65,7 @@ def test_top_shows_the_hot_function_and_quits(quit_key: bytes) -> None:
                                       str(target.pid), "-i", "1"])
         shown = _read_until(fd, r"top_hot_fn", 60)
         assert "hottest stacks" in shown and "top_hot_fn" in shown, shown[-2000:]
+        assert "functions by self time" in shown, shown[-2000:]
         os.write(fd, quit_key)
         t0 = time.monotonic()
         rest = _read_until(fd, r"(?!)", 20)  # to the end of output
