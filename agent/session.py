@@ -53,16 +53,20 @@ class SessionConfig:
     # their runtime calls recorded from the start, so kernel names and collectives stay whole.
     delay_s: float = 0.0
     from_first_collective: bool = False  # instead: CPU samples from the first collective call a target makes
+    all_processes: bool = False  # the whole host (`profile -a`): no target; sampler.all_processes goes with it
     keep_running: bool = False  # with -- CMD: leave the command running when we end (else it gets SIGTERM)
 
 
 class Session:
     """Runs one capture. `on_progress` is called about every POLL_S with live stats; `on_status` with a line
-    on what start-up waits for (compiling the BPF program)."""
+    on what start-up waits for (starting the sampler, compiling the BPF program)."""
 
     def __init__(self, config: SessionConfig, on_progress: Callable[[SessionStats], None] | None = None,
                  on_status: Callable[[str], None] | None = None) -> None:
-        if (config.pid is None) == (not config.command):
+        if config.all_processes:
+            if config.pid is not None or config.command or not config.sampler.all_processes:
+                raise SessionError("the whole host (-a) takes no --pid or command, and samples every process")
+        elif (config.pid is None) == (not config.command):
             raise SessionError("give either --pid PID or -- CMD ARGS")
         self.cfg = config
         self.on_progress = on_progress
@@ -89,13 +93,17 @@ class Session:
                     else None)
         old = {s: signal.signal(s, self._signal) for s in (signal.SIGINT, signal.SIGTERM)}
         root_pid = launcher.pid if launcher else cfg.pid
-        assert root_pid is not None
+        assert root_pid is not None or cfg.all_processes
         try:
             try:
-                # children are followed with --pid too: a launcher's (torchrun's) workers are the job
-                initial = [root_pid] if launcher else [root_pid, *descendants(root_pid)]
+                # children are followed with --pid too: a launcher's (torchrun's) workers are the job; the whole
+                # host has no targets (every process is sampled, each described at its first sample)
+                initial = ([] if root_pid is None else [root_pid] if launcher
+                           else [root_pid, *descendants(root_pid)])
                 # A running process becomes a target only once its Python walker is set (_capture): until then
                 # its samples would lack their Python frames. A launched command is held until released.
+                if self.on_status:
+                    self.on_status("starting BPF sampler")
                 sampler = self.pipeline.start(cfg.sampler, initial if launcher else [], self.on_status)
             except BaseException:
                 if launcher:
@@ -103,7 +111,7 @@ class Session:
                 raise
             if launcher and self.pipeline.probes:
                 self.pipeline.probes.consider(launcher.exe)  # static cudart in the program itself
-            if not launcher and not alive(root_pid):
+            if not launcher and root_pid is not None and not alive(root_pid):
                 raise SessionError(f"process {root_pid} exited before the sampler attached")
             return self._capture(sampler, launcher, root_pid, initial)
         finally:
@@ -111,12 +119,13 @@ class Session:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    def _capture(self, sampler: CpuSampler, launcher: Launcher | None, root_pid: int,
+    def _capture(self, sampler: CpuSampler, launcher: Launcher | None, root_pid: int | None,
                  initial: list[int]) -> SessionResult:
         cfg, pipe = self.cfg, self.pipeline
         path = cfg.out_dir / f"{cfg.prefix}.aiflame"
         header = new_header(cfg.sampler.frequency, sampler.event_used, cfg.argv or sys.argv,
-                            " ".join(cfg.command) if cfg.command else f"pid {cfg.pid}",
+                            " ".join(cfg.command) if cfg.command else
+                            "all processes" if cfg.all_processes else f"pid {cfg.pid}",
                             {"sampling": cfg.sampler.describe(sampler.event_used)})
         writer = CaptureWriter(path, header)
         pipe.open_file(writer)
@@ -147,7 +156,7 @@ class Session:
                 self._stop_reason = "duration"
             elif launcher and launcher.poll():
                 self._stop_reason = f"command exited ({launcher.exit_code})"
-            elif not launcher and not alive(root_pid):
+            elif not launcher and root_pid is not None and not alive(root_pid):
                 self._stop_reason = "target exited"
         pipe.release_targets()
         pipe.drain()  # answers the stops already sent; finish() continues any still held

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 NAME = "profile"
 HELP = "capture CPU stacks of a process or a command"
 DESCRIPTION = ""
-USAGE = "aiflame profile [options] (--pid PID | -- CMD [ARGS...])"
+USAGE = "aiflame profile [options] (--pid PID | -a | -- CMD [ARGS...])"
 __all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "run"]
 
 
@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = USAGE
     tgt = p.add_argument_group("target")
     tgt.add_argument("-p", "--pid", type=int, help="profile this running process and all its threads")
+    tgt.add_argument("-a", "--all", action="store_true",
+                     help="the whole host: every process (as perf record -a), one flame graph with a tower per "
+                          "process; no runtime probes or GPU samples")
     tgt.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS: start CMD and follow its children")
     tgt.add_argument("--keep-running", action="store_true",
                      help="with -- CMD: leave the command running when profile ends or is killed (by default it "
@@ -142,15 +145,20 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.all and (args.pid is not None or command):
+        raise UsageError("-a profiles every process: give it without --pid or a command")
+    if args.all and args.delay == "collective":
+        raise UsageError("--delay collective needs the runtime probes, which -a does not use")
+    runtimes = not args.no_runtimes and not args.all  # probes stop a target at library opens: never host-wide
     sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command),
-                            probes=not args.no_runtimes, call_rate=args.launch_stacks)
+                            probes=runtimes, call_rate=args.launch_stacks, all_processes=args.all)
     if args.print_bpf:
         print(bpf_source(sampler))
         return 0
     if args.pid is not None and command:
         raise UsageError("give either --pid PID or -- CMD, not both")
-    if args.pid is None and not command:
-        raise UsageError("nothing to profile: give --pid PID or -- CMD ARGS")
+    if args.pid is None and not command and not args.all:
+        raise UsageError("nothing to profile: give --pid PID, -a (every process) or -- CMD ARGS")
     formats = [f for f in args.formats.split(",") if f]
     for f in formats:
         if f not in REGISTRY:
@@ -163,8 +171,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
                         delay_s=0.0 if args.delay == "collective" else args.delay,
                         from_first_collective=args.delay == "collective",
-                        sampler=sampler, argv=["aiflame", *args.argv], runtimes=not args.no_runtimes,
-                        gpu_samples=not args.no_gpu_samples, keep_running=args.keep_running,
+                        sampler=sampler, argv=["aiflame", *args.argv], runtimes=runtimes,
+                        gpu_samples=not args.no_gpu_samples and not args.all, keep_running=args.keep_running,
+                        all_processes=args.all,
                         cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,
                                            max_stream_bytes=args.gpu_stream_limit))
     console = Console()
@@ -176,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     cap = read_capture(result.capture)
     prof = symbolize_capture(cap, native, options=stack_options(args))
     written = [result.capture]
-    target = cfg.command and " ".join(cfg.command) or f"pid {args.pid}"
+    target = cfg.command and " ".join(cfg.command) or ("all processes" if args.all else f"pid {args.pid}")
     views = capture_views(cap, prof, cfg.prefix)
 
     def svg_options(v: View) -> dict[str, object]:
@@ -234,8 +243,6 @@ class _Progress:
     def __enter__(self) -> _Progress:
         if self._status:
             self._status.__enter__()
-        else:
-            self.phase("starting BPF sampler")
         return self
 
     def __exit__(self, *exc: object) -> None:

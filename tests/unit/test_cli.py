@@ -68,7 +68,8 @@ def test_parser_errors_are_one_line(argv: list[str], message: str, capsys: pytes
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["profile", "-p", "1", "--", "true"], "give either --pid PID or -- CMD, not both"),
-    (["profile"], "nothing to profile: give --pid PID or -- CMD ARGS"),
+    (["profile"], "nothing to profile: give --pid PID, -a (every process) or -- CMD ARGS"),
+    (["profile", "-a", "-p", "1"], "-a profiles every process: give it without --pid or a command"),
     (["profile", "-p", "1", "--formats", "folded,gif"], "unknown format 'gif'"),
     (["export", "x.aiflame", "-f", "gif"], "unknown format 'gif' (known: folded, svg,"),
     (["export", "x.aiflame", "-f", "chakra", "--view", "stalls"], "format chakra takes the whole capture (no --view)"),
