@@ -22,7 +22,8 @@ from tests.conftest import REPO
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 PACKAGE_PARTS = ("pyproject.toml", "README.md", "aiflame", "agent", "bpf", "cli", "core", "exporters", "symbolize")
-BUSY = "import time\ndef busy_installed():\n    end = time.time() + 3\n    while time.time() < end: pass\nbusy_installed()\n"
+# a fixed amount of work, not of time
+BUSY = "def busy_installed():\n    x = 0\n    for i in range(20_000_000):\n        x += i\nbusy_installed()\n"
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
@@ -64,7 +65,7 @@ def test_pip_install_into_a_fresh_venv_profiles_from_tmp(tmp_path: Path) -> None
     out = work / "out"
     script = work / "busy.py"
     script.write_text(BUSY)
-    _run(["aiflame", "profile", "-q", "-d", "2", "-o", str(out), "--formats", "folded,svg", "--",
+    _run(["aiflame", "profile", "-q", "-o", str(out), "--formats", "folded,svg", "--",
           SYSTEM_PYTHON, str(script)], work, env)
     folded = (out / "profile.folded").read_text()
     assert "busy_installed" in folded, folded[:2000]
