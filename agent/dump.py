@@ -119,6 +119,15 @@ def _thread_state(pid: int, tid: int) -> tuple[str, str]:
     return name, STATES.get(code, code)
 
 
+def _tracer(tid: int) -> int:
+    """The pid tracing `tid` (a debugger, strace, py-spy), 0 for none."""
+    for line in _read(f"/proc/{tid}/status").splitlines():
+        if line.startswith("TracerPid:"):
+            v = line.split(":", 1)[1].strip()
+            return int(v) if v.isdigit() else 0
+    return 0
+
+
 def _tids(pid: int) -> list[int]:
     try:
         names = os.listdir(f"/proc/{pid}/task")
@@ -152,7 +161,9 @@ class _Ptrace:
             err = self._call(_PTRACE_SEIZE, tid)
             if err:
                 if err != errno.ESRCH:  # a thread that exited is no failure
-                    why = why or f"cannot stop thread {tid}: {os.strerror(err)}"
+                    tracer = _tracer(tid)
+                    why = why or (f"cannot stop thread {tid}: already traced by pid {tracer}" if tracer else
+                                  f"cannot stop thread {tid}: {os.strerror(err)}")
                 continue
             self.seized.append(tid)
             self._call(_PTRACE_INTERRUPT, tid)

@@ -139,6 +139,35 @@ def test_dump_names_every_threads_python_frames_as_py_spy_does(target: subproces
         assert stat[stat.rfind(")") + 2] in "RS", stat
 
 
+# Another debugger holding the target (as strace -f would): every thread seized, none stopped.
+TRACER = textwrap.dedent('''
+    import ctypes, os, sys, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    pid = int(sys.argv[1])
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        assert libc.ptrace(0x4206, int(tid), None, None) == 0, ctypes.get_errno()  # PTRACE_SEIZE
+    print("traced", flush=True)
+    time.sleep(600)
+''')
+
+
+@pytest.mark.parametrize("target", [INTERPRETERS[2]], indirect=True)
+def test_dump_of_a_process_another_tracer_holds(target: subprocess.Popen[str]) -> None:
+    spy = _settled(target.pid)
+    tracer = subprocess.Popen([sys.executable, "-c", TRACER, str(target.pid)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert tracer.stdout is not None and tracer.stdout.readline().strip() == "traced"
+        doc = _ours(target.pid)
+        assert any(f"already traced by pid {tracer.pid}" in n for n in doc["notes"]), doc["notes"]
+        ours = {t["tid"]: t for t in doc["threads"]}
+        for tid, frames in spy.items():  # the Python frames still, read without stopping
+            assert [f[0] for f in _python_frames(ours[tid])] == [f[0] for f in frames], (tid, ours[tid])
+    finally:
+        tracer.kill()  # its tracees are detached (and go on running) when it dies
+        tracer.wait()
+
+
 def test_dump_gives_native_stacks_of_a_process_without_python(tmp_path: Path) -> None:
     proc = subprocess.Popen(["sleep", "600"])
     try:
