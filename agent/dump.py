@@ -396,6 +396,7 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
     raw: dict[int, tuple[list[int], list[RawPyFrame]]] = {}
     tstates: dict[int, int] = {}
     holder: int | None = None
+    unwinder: _Unwinder | None = None
     try:
         if pt is not None:
             why = pt.stop(tids)
@@ -425,9 +426,11 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
     finally:
         if pt is not None:
             pt.release()  # the target runs again before any symbolizing
-    if unwinder_errors := (unwinder.errors if pt is not None and unwinder is not None else {}):
-        res.notes.extend(f"no CFI table, frame pointers only: {e}" for e in list(unwinder_errors.values())[:3])
+    if unwinder is not None and unwinder.errors:
+        res.notes.extend(f"no CFI table, frame pointers only: {e}" for e in list(unwinder.errors.values())[:3])
     resolver = CodeResolver(pid, target.layout) if target is not None else None
+    names = _Names(unwinder, native, [pcs for pcs, _ in raw.values()]) if unwinder is not None else None
+    py_names: dict[tuple[int, int], Frame] = {}
     try:
         for tid in tids:
             name, state = states[tid]
@@ -435,16 +438,19 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
             td = ThreadDump(tid, name, state)
             ts = tstates.get(tid)
             td.gil = bool(holder) and ts == holder
-            nat = _symbolize(pcs, unwinder, native) if pcs and unwinder is not None else []
+            nat = names.stack(pcs) if pcs and names is not None else []
             if pyf and target is not None and resolver is not None:
                 runs = python_runs(pyf, target.version[:2], target.layout.owner_cstack)
 
                 def name_of(f: RawPyFrame, r: CodeResolver = resolver) -> Frame:
-                    info = r.resolve(f.code)
-                    if info is None:
-                        return Frame("[unknown python]", FrameKind.PYTHON)
-                    return Frame(info.qualname, FrameKind.PYTHON, os.path.basename(info.filename), info.filename,
-                                 line_for(info, f.instr))
+                    hit = py_names.get((f.code, f.instr))
+                    if hit is None:
+                        info = r.resolve(f.code)
+                        hit = (Frame("[unknown python]", FrameKind.PYTHON) if info is None else
+                               Frame(info.qualname, FrameKind.PYTHON, os.path.basename(info.filename), info.filename,
+                                     line_for(info, f.instr)))
+                        py_names[(f.code, f.instr)] = hit
+                    return hit
 
                 stack = merge(nat, runs, name_of).stack
                 if fold:
@@ -465,18 +471,35 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
     return res
 
 
-def _symbolize(pcs: list[int], unwinder: _Unwinder, native: NativeSymbolizer) -> list[Frame]:
-    """Native frames root -> leaf; return addresses looked up one byte back (the call)."""
-    out: list[Frame] = []
-    for i, pc in enumerate(pcs):
-        look = pc if i == 0 else pc - 1
-        m = unwinder.find(look)
-        if m is None:
-            out.append(Frame(f"[unknown] {pc:#x}", FrameKind.UNKNOWN))
-            continue
-        off = look - m.start + m.offset
-        try:
-            out.append(native.symbolize(m.path, None, [off])[off])
-        except SymbolizeError:
-            out.append(Frame(f"{os.path.basename(m.path)}+{off:#x}", FrameKind.UNKNOWN, os.path.basename(m.path)))
-    return out[::-1]
+class _Names:
+    """Native frames of all threads, symbolized once per binary (a dump of thousands of threads repeats the same
+    few hundred return addresses)."""
+
+    def __init__(self, unwinder: _Unwinder, native: NativeSymbolizer, stacks: list[list[int]]) -> None:
+        self.unwinder = unwinder
+        wanted: dict[str, set[int]] = {}
+        for pcs in stacks:
+            for i, pc in enumerate(pcs):
+                m = unwinder.find(pc if i == 0 else pc - 1)
+                if m is not None:
+                    wanted.setdefault(m.path, set()).add((pc if i == 0 else pc - 1) - m.start + m.offset)
+        self.frames: dict[str, dict[int, Frame]] = {}
+        for path, offs in wanted.items():
+            try:
+                self.frames[path] = native.symbolize(path, None, offs)
+            except SymbolizeError:
+                self.frames[path] = {}
+
+    def stack(self, pcs: list[int]) -> list[Frame]:
+        """Native frames root -> leaf; return addresses looked up one byte back (the call)."""
+        out: list[Frame] = []
+        for i, pc in enumerate(pcs):
+            look = pc if i == 0 else pc - 1
+            m = self.unwinder.find(look)
+            if m is None:
+                out.append(Frame(f"[unknown] {pc:#x}", FrameKind.UNKNOWN))
+                continue
+            off = look - m.start + m.offset
+            mod = os.path.basename(m.path)
+            out.append(self.frames.get(m.path, {}).get(off) or Frame(f"{mod}+{off:#x}", FrameKind.UNKNOWN, mod))
+        return out[::-1]
