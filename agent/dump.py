@@ -93,6 +93,7 @@ class DumpResult:
     python: str  # "CPython 3.12.1 (/path)" or "" when none
     threads: list[ThreadDump]
     skipped_threads: int = 0
+    stopped_s: float = 0.0  # how long the threads were held stopped (0: never stopped)
     gil_known: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -397,8 +398,10 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
     tstates: dict[int, int] = {}
     holder: int | None = None
     unwinder: _Unwinder | None = None
+    t_stop = 0.0
     try:
         if pt is not None:
+            t_stop = time.monotonic()
             why = pt.stop(tids)
             if why:
                 res.notes.append(why + " (those threads: Python frames only)")
@@ -425,6 +428,8 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
             raw[tid] = (pcs, pyf)
     finally:
         if pt is not None:
+            if pt.seized:
+                res.stopped_s = time.monotonic() - t_stop
             pt.release()  # the target runs again before any symbolizing
     if unwinder is not None and unwinder.errors:
         res.notes.extend(f"no CFI table, frame pointers only: {e}" for e in list(unwinder.errors.values())[:3])

@@ -62,12 +62,14 @@ def main() -> None:
                 res[f"{name}_wall_median_s"] = round(statistics.median(times), 4)
             native = NativeSymbolizer()
             dump_process(proc.pid, native)
-            inproc = []
+            inproc, held = [], []
             for _ in range(args.runs):
                 t0 = time.perf_counter()
-                dump_process(proc.pid, native)
+                r = dump_process(proc.pid, native)
                 inproc.append(time.perf_counter() - t0)
+                held.append(r.stopped_s)
             res["aiflame_dump_in_process_median_s"] = round(statistics.median(inproc), 4)
+            res["aiflame_dump_target_stopped_median_s"] = round(statistics.median(held), 5)
         finally:
             proc.kill()
             proc.wait()

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"pid": res.pid, "command": res.command, "python": res.python, "gil_known": res.gil_known,
                "skipped_threads": res.skipped_threads, "notes": res.notes,
+               "stopped_s": round(res.stopped_s, 6),
                "threads": [{"tid": t.tid, "name": t.name, "state": t.state, "gil": t.gil, "notes": t.notes,
                             "frames": [{"name": f.name, "kind": f.kind.name.lower(), "module": f.module,
                                         "file": f.file, "line": f.line} for f in reversed(t.stack)]}
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    out = [f"Process {res.pid}: {res.command}"]
+    held = f" (threads stopped for {1000 * res.stopped_s:.1f} ms)" if res.stopped_s else ""
+    out = [f"Process {res.pid}: {res.command}{held}"]
     if res.python:
         out.append(f"Python: {res.python}" + ("" if res.gil_known else " (GIL holder unknown)"))
     out.extend(f"note: {n}" for n in res.notes)

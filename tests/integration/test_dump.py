@@ -106,6 +106,7 @@ def test_dump_names_every_threads_python_frames_as_py_spy_does(target: subproces
     ours = {t["tid"]: t for t in doc["threads"]}
     assert set(ours) == set(spy), (ours.keys(), spy.keys())
     assert doc["python"].startswith("CPython 3."), doc
+    assert doc["stopped_s"] > 0  # the threads were stopped (for how long: bench/dump_time.py)
     for tid, frames in spy.items():
         got = _python_frames(ours[tid])
         # py-spy's sleeping spinner may be one bytecode apart from ours: the spinner's line may differ, nothing else
@@ -130,6 +131,7 @@ def test_dump_names_every_threads_python_frames_as_py_spy_does(target: subproces
     assert sleeper[-1] in ("clone3", "clone", "start_thread"), sleeper
     # without stopping anything: the same Python frames, no native ones
     nb = {t["tid"]: t for t in _ours(target.pid, "--nonblocking")["threads"]}
+    assert _ours(target.pid, "--nonblocking")["stopped_s"] == 0
     for tid, frames in spy.items():
         assert all(f["kind"] == "python" for f in nb[tid]["frames"]), nb[tid]
         assert [f[0] for f in _python_frames(nb[tid])] == [f[0] for f in frames]
