@@ -81,6 +81,7 @@ class ThreadDump:
     name: str
     state: str  # running, sleeping, disk, ... or "exited"
     gil: bool = False
+    waits_for_gil: bool = False  # its native stack is in take_gil (it wants to run Python)
     stack: tuple[Frame, ...] = ()  # root -> leaf
     python: int = 0  # Python frames in `stack`
     notes: list[str] = field(default_factory=list)
@@ -444,6 +445,7 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
             ts = tstates.get(tid)
             td.gil = bool(holder) and ts == holder
             nat = names.stack(pcs) if pcs and names is not None else []
+            td.waits_for_gil = not td.gil and any(f.name.startswith("take_gil") for f in nat)
             if pyf and target is not None and resolver is not None:
                 runs = python_runs(pyf, target.version[:2], target.layout.owner_cstack)
 

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         doc = {"pid": res.pid, "command": res.command, "python": res.python, "gil_known": res.gil_known,
                "skipped_threads": res.skipped_threads, "notes": res.notes,
                "stopped_s": round(res.stopped_s, 6),
-               "threads": [{"tid": t.tid, "name": t.name, "state": t.state, "gil": t.gil, "notes": t.notes,
+               "threads": [{"tid": t.tid, "name": t.name, "state": t.state, "gil": t.gil,
+                            "waits_for_gil": t.waits_for_gil, "notes": t.notes,
                             "frames": [{"name": f.name, "kind": f.kind.name.lower(), "module": f.module,
                                         "file": f.file, "line": f.line} for f in reversed(t.stack)]}
                            for t in res.threads]}
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         out.append(f"Python: {res.python}" + ("" if res.gil_known else " (GIL holder unknown)"))
     out.extend(f"note: {n}" for n in res.notes)
     for t in res.threads:
-        flags = " [holds GIL]" if t.gil else ""
+        flags = " [holds GIL]" if t.gil else " [waits for GIL]" if t.waits_for_gil else ""
         out.append("")
         out.append(f"Thread {t.tid} ({t.state}) {t.name!r}{flags}")
         for f in reversed(t.stack):
