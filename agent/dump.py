@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from aiflame.agent.procmaps import read_maps
 from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python
-from aiflame.core.errors import TargetGone
+from aiflame.core.errors import BadInput, TargetGone
 from aiflame.core.model import Frame, FrameKind
 from aiflame.core.python_layouts import PyLayout
 from aiflame.core.raw import RawPyFrame
@@ -380,6 +380,8 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
     tids = tids[:MAX_THREADS]
     res = DumpResult(pid, _command(pid), "", [], skipped)
     states = {tid: _thread_state(pid, tid) for tid in tids}  # before stopping: a stop changes every state
+    if not _read(f"/proc/{pid}/maps", 1) and not _read(f"/proc/{pid}/cmdline", 1) and os.path.exists(f"/proc/{pid}"):
+        raise BadInput(f"pid {pid} is a kernel thread: it has no user-space stack to dump")
     try:
         mem = ProcessMemory(pid)
     except ProcessMemoryError as e:

@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 out.append(f"    {f.name} ({f.module})" if f.module and f.module not in f.name else f"    {f.name}")
         if not t.stack:
-            out.append("    (no stack)" if t.state != "exited" else "    (exited while dumped)")
+            out.append("    (exited while dumped)" if t.state == "exited" else
+                       "    (no Python frames; native frames not read)" if args.no_native or args.nonblocking else
+                       "    (no stack)")
         out.extend(f"    note: {n}" for n in t.notes)
     if res.skipped_threads:
         out.append(f"\n… {res.skipped_threads} more threads not dumped")

@@ -183,12 +183,19 @@ def test_dump_gives_native_stacks_of_a_process_without_python(tmp_path: Path) ->
         proc.wait()
 
 
-def test_dump_of_a_missing_process_is_one_line() -> None:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    r = aiflame("dump", "--pid", str(proc.pid), check=False)
+@pytest.mark.parametrize("which", ["gone", "kernel thread"])
+def test_dump_of_what_has_no_user_stack_is_one_line(which: str) -> None:
+    if which == "gone":
+        proc = subprocess.Popen(["true"])
+        proc.wait()
+        pid = proc.pid
+    else:
+        pid = 2  # kthreadd
+    r = aiflame("dump", "--pid", str(pid), check=False)
     assert r.returncode != 0 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    if which == "kernel thread":
+        assert "kernel thread" in r.stderr, r.stderr
 
 
 HOSTILE_CHURN = textwrap.dedent('''
