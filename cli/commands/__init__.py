@@ -30,6 +30,8 @@ EXAMPLES = """examples:
   aiflame chakra check traces/job             the simulator's input rules on traces/job.<rank>.et
   aiflame render out/profile.folded -o flame.svg --opt title="my job"
   aiflame doctor                              what this host supports
+  aiflame dump --pid 1234                     every thread's stack now (Python merged), state, GIL holder
+  aiflame profile -a -d 10                    the whole host, every process
 """
 
 
