@@ -26,9 +26,7 @@ import os
 import stat
 import struct
 import sys
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -161,12 +159,9 @@ def _patch_maps(code: bytearray, map_fds: list[int]) -> None:
             i += 8
 
 
-def instantiate(entry: dict[str, Any], later: frozenset[str] = frozenset()) \
-        -> tuple[dict[str, Any], list[int], Future[dict[str, int]] | None]:
+def instantiate(entry: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """Create the entry's maps and load its programs: (the compiler's reply, its descriptors), as a compile
-    would hand them over, and the programs named in `later` as they finish loading on a thread of their own
-    (None when there are none): the kernel's verifier is most of a cached start, and a program needed only later
-    need not hold the start up. OSError when the kernel refuses something (EntryCorrupt for a bad entry); nothing
+    would hand them over. OSError when the kernel refuses something (EntryCorrupt for a bad entry); nothing
     is left open then."""
     opened: list[int] = []
     try:
@@ -188,8 +183,7 @@ def instantiate(entry: dict[str, Any], later: frozenset[str] = frozenset()) \
                 raise EntryCorrupt(f"program {p['name']}: {len(code)} bytes")
             _patch_maps(code, map_fds)
             codes.append(bytes(code))
-        deferred = [i for i, p in enumerate(entry["progs"]) if p["name"] in later]
-        prog_fds = _load_programs(entry, codes, opened, [i for i in range(len(codes)) if i not in deferred])
+        prog_fds = _load_programs(entry, codes, opened)
     except binascii.Error:
         bpf_sys.close_fds(opened)
         raise EntryCorrupt("bad base64") from None
@@ -197,60 +191,23 @@ def instantiate(entry: dict[str, Any], later: frozenset[str] = frozenset()) \
         bpf_sys.close_fds(opened)
         raise
     reply = entry["reply"]
-    fds: list[int] = []
-    progs: dict[str, int] = {}
-    for name, i in reply["progs"].items():
-        if i in prog_fds:
-            progs[name] = len(fds)
-            fds.append(prog_fds[i])
+    fds = list(prog_fds)
     maps: dict[str, dict[str, Any]] = {}
     handed = set()
     for name, m in reply["maps"].items():
         maps[name] = {k: v for k, v in m.items() if k != "map"} | {"fd": len(fds)}
         fds.append(map_fds[m["map"]])
         handed.add(m["map"])
-    # The programs hold the maps they use; the BTF is held by the maps made with it. The maps nobody was handed
-    # stay open until the programs loaded later hold them too (their instructions name the fds).
-    unhanded = btf_fds + [fd for i, fd in enumerate(map_fds) if i not in handed]
-    meta = {"progs": progs, "maps": maps, "uprobe_multi": reply["uprobe_multi"]}
-    if not deferred:
-        bpf_sys.close_fds(unhanded)
-        return meta, fds, None
-    names = {i: name for name, i in reply["progs"].items()}
-    return meta, fds, _in_background(lambda: _load_later(entry, codes, deferred, names, unhanded))
+    # The programs hold the maps they use; the BTF is held by the maps made with it.
+    bpf_sys.close_fds(btf_fds + [fd for i, fd in enumerate(map_fds) if i not in handed])
+    return {"progs": dict(reply["progs"]), "maps": maps, "uprobe_multi": reply["uprobe_multi"]}, fds
 
 
-def _load_later(entry: dict[str, Any], codes: list[bytes], which: list[int], names: dict[int, str],
-                then_close: list[int]) -> dict[str, int]:
-    opened: list[int] = []
-    try:
-        fds = _load_programs(entry, codes, opened, which)
-    except BaseException:
-        bpf_sys.close_fds(opened)
-        raise
-    finally:
-        bpf_sys.close_fds(then_close)
-    return {names[i]: fd for i, fd in fds.items()}
-
-
-def _in_background(work: Callable[[], dict[str, int]]) -> Future[dict[str, int]]:
-    future: Future[dict[str, int]] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the programs
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="aiflame-bpf-load", daemon=True).start()
-    return future
-
-
-def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int], which: list[int]) \
-        -> dict[int, int]:
-    """Load the programs `which` (indices), on parallel threads (each is verified on its own, and the kernel's
-    verifier is most of a cached start: ~2.5 s of CPU for the sampler with the runtime probes here). Returns
-    their fds by index; the fds also go to `opened`; the first failure is raised once all were waited for."""
+def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int]) -> list[int]:
+    """Load every program, on parallel threads (each is verified on its own, and the kernel's verifier is most
+    of a cached start: ~2.2 s of CPU for the sampler with the runtime probes here). All are loaded before this
+    returns, as a compile hands them over: every target is probed at once (libc's exit), so the probes'
+    programs are needed from its first library open. The fds go to `opened`; the first failure is raised."""
     def one(i: int) -> int:
         p = entry["progs"][i]
         return bpf_sys.prog_load(p["type"], codes[i], entry["license"], name=p["kname"],
@@ -259,8 +216,8 @@ def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int],
 
     fds: dict[int, int] = {}
     errors: list[BaseException] = []
-    order = sorted(which, key=lambda i: -len(codes[i]))  # longest first: a short one ends last
-    with ThreadPoolExecutor(max_workers=max(1, min(len(order), os.cpu_count() or 1))) as pool:
+    order = sorted(range(len(codes)), key=lambda i: -len(codes[i]))  # longest first: a short one ends last
+    with ThreadPoolExecutor(max_workers=max(1, min(len(codes), os.cpu_count() or 1))) as pool:
         futures = {i: pool.submit(one, i) for i in order}
         for i, f in futures.items():
             try:
@@ -270,7 +227,7 @@ def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int],
                 errors.append(e)
     if errors:
         raise errors[0]
-    return fds
+    return [fds[i] for i in range(len(codes))]
 
 
 class BpfCache:

@@ -11,9 +11,7 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Collection
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,17 +80,7 @@ class BpfObject:
     maps: dict[str, BpfMap]
     uprobe_multi: bool = False  # "uprobe" programs take uprobe_multi links (else one perf event per probe)
     from_cache: bool = False  # loaded from the compile cache (else compiled now)
-    later: Future[dict[str, int]] | None = None  # programs still being loaded (bpf_cache.instantiate's `later`)
     _links: dict[str, list[int]] = field(default_factory=dict)  # attachment name -> link and perf fds
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def program(self, name: str) -> int:
-        """A program's fd, waiting for it if it is one still being loaded (OSError if that load failed)."""
-        with self._lock:
-            if name not in self.progs and self.later is not None:
-                later, self.later = self.later, None
-                self.progs.update(later.result())
-            return self.progs[name]
 
     def attach_perf_event(self, prog: str, ev_type: int, ev_config: int, frequency: int) -> None:
         """Run `prog` at `frequency` Hz on every online CPU, whatever runs there."""
@@ -132,25 +120,17 @@ class BpfObject:
         for fds in self._links.values():
             bpf_sys.close_fds(fds)
         self._links.clear()
-        if self.later is not None:  # a program's verification cannot be cut short: its fd is closed when loaded
-            later, self.later = self.later, None
-            try:
-                self.progs.update(later.result())
-            except OSError:
-                pass
         bpf_sys.close_fds(list(self.progs.values()) + [m.fd for m in self.maps.values()])
         self.progs.clear()
         self.maps.clear()
 
 
 def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str],
-         on_compile: Callable[[str], None] | None = None, cache: BpfCache | None = None,
-         later: Collection[str] = ()) -> BpfObject:
+         on_compile: Callable[[str], None] | None = None, cache: BpfCache | None = None) -> BpfObject:
     """Compile and load `text` in the compiler process, or load it from the compile cache when compiled before
     (`cache`: BpfCache.from_env() when None). `functions`: program name -> "kprobe", "uprobe" (for uprobe_multi
     links where the kernel has them), "perf_event" or "tracepoint" (tracepoint__* programs come anyway); `maps`:
-    the names to hand over. `on_compile` is told (one line) before a compile starts. From the cache, the programs
-    named in `later` load on a thread while the caller goes on (BpfObject.program waits for one)."""
+    the names to hand over. `on_compile` is told (one line) before a compile starts."""
     request = {"text": text, "cflags": cflags, "functions": functions, "maps": maps}
     cache = cache if cache is not None else BpfCache.from_env()
     key = bpf_cache.cache_key(request) if cache.path is not None else ""
@@ -158,10 +138,8 @@ def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str
         entry = cache.get(key)
         if entry is not None:
             try:
-                meta, fds, pending = bpf_cache.instantiate(entry, frozenset(later))
-                obj = _object(meta, fds, from_cache=True)
-                obj.later = pending
-                return obj
+                meta, fds = bpf_cache.instantiate(entry)
+                return _object(meta, fds, from_cache=True)
             except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: EntryCorrupt among them
                 log.warning("the cached BPF program did not load (%s): compiling it again", e)
     if on_compile is not None:

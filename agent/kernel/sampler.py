@@ -147,7 +147,6 @@ UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "u
 # The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record, 2
 # scans the stack past code without CFI (samples only: UW_PROG_SCAN).
 UW_PROGS = {"uw_progs": ("uw_step", "sample_finish", "uw_scan"), "uw_call_progs": ("uw_call_step", "call_finish")}
-PROBE_PROGS = ("on_call", "on_ret", *UW_PROGS["uw_call_progs"])  # loaded while the target starts
 MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", "call_skipped",
         *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
@@ -177,7 +176,6 @@ class CpuSampler:
         self._watchdog: StopWatchdog | None = None
         self.maps_full: dict[str, int] = {}  # per-process map -> processes it had no room for
         self.event_used = ""
-        self._probes_linked = False
 
     def start(self, pids: list[int], on_compile: Callable[[str], None] | None = None) -> None:
         """Load the program (`on_compile` is told when that means compiling it) and start sampling `pids`."""
@@ -186,13 +184,15 @@ class CpuSampler:
             functions |= {"on_call": "uprobe", "on_ret": "uprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
                                                                                    "uprobe")
         try:
-            # the probes' programs load while the target starts: they are needed at its first runtime library
             self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS,
-                                        on_compile, later=PROBE_PROGS if self.config.probes else ())
+                                        on_compile)
         except BpfLoadError as e:
             raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:
-            self._link_tail_calls("uw_progs")
+            for array, progs in UW_PROGS.items():
+                for i, prog in enumerate(progs):
+                    if array in self._obj.maps:
+                        self._obj.maps[array].update(_U32.pack(i), _U32.pack(self._obj.progs[prog]))
             if self.config.cfi:
                 self._unwind = UnwindTables(self._obj)
             if self.config.probes:
@@ -337,31 +337,14 @@ class CpuSampler:
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
         self._bpf.maps["probe_specs"].update(_U32.pack(probe), bytes(spec))
 
-    def _link_tail_calls(self, array: str) -> None:
-        """Put the programs that `array` tail-calls into it (waiting for them if they are still loading)."""
-        if array in self._bpf.maps:
-            for i, prog in enumerate(UW_PROGS[array]):
-                self._bpf.maps[array].update(_U32.pack(i), _U32.pack(self._bpf.program(prog)))
-
     def prog_fd(self, ret: bool) -> int:
-        """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics; the first call waits for the
-        probes' programs if they are still loading and links their tail calls, before anything can run them."""
-        if not self._probes_linked:
-            try:
-                self._link_tail_calls("uw_call_progs")
-            except OSError as e:
-                raise SamplerError(f"cannot load the runtime probes' BPF programs: {e}") from None
-            self._probes_linked = True
-        return self._bpf.program("on_ret" if ret else "on_call")
+        """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics."""
+        return self._bpf.progs["on_ret" if ret else "on_call"]
 
     def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]:
         """Probe `sites` of `path` in every process (one uprobe_multi link where the kernel has them); the program
         keeps target pids only. Returns, by probe id, why a site could not be probed."""
-        try:
-            fd = self.prog_fd(ret)
-        except SamplerError as e:  # the programs were verified when compiled: only a kernel that changed since
-            return {s.cookie: f"{path}: {e}" for s in sites}
-        done, failed = attach_sites(fd, path, sites, ret=ret, multi=self._bpf.uprobe_multi)
+        done, failed = attach_sites(self.prog_fd(ret), path, sites, ret=ret, multi=self._bpf.uprobe_multi)
         self._uprobes += done
         return failed
 
