@@ -51,7 +51,8 @@ MAPPED: dict[str, tuple[int, Callable[[int], int]]] = {
 def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     tmp = tmp_path_factory.mktemp("chakra")
     expect = tmp / "expect.jsonl"
-    aiflame("profile", "-o", str(tmp / "out"), "-q", "-F", "499", "--formats", "folded,chakra,perfetto,perfetto-json", "--",
+    aiflame("profile", "-o", str(tmp / "out"), "-q", "-F", "499", "--formats", "folded,chakra,perfetto,perfetto-json",
+            "--",
             sys.executable, str(REPO / "examples" / "ddp_gloo.py"), "--steps", str(STEPS), "--expect", str(expect),
             timeout=150)
     ranks = {}
