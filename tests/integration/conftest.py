@@ -47,15 +47,20 @@ def share(folded: dict[str, int], frame: str) -> int:
 class AgentProcess:
     """`aiflame agent` as a root subprocess with a config of its own in `tmp`: `sections` (TOML: [watch],
     [continuous], ...) plus an output directory and control socket there; its log is `tmp/daemon.log`. `popen`:
-    more subprocess.Popen arguments (a session, a cgroup). Returns once it has started."""
+    more subprocess.Popen arguments (a session, a cgroup). Returns once it has started.
 
-    def __init__(self, tmp: Path, sections: str, **popen: Any) -> None:
+    `nice`: the daemon's [limits] nice. Tests run it at their own priority (0) by choice: the shipped 10 would let
+    a CPU burner on the host (make stress) starve it, and test_unit_sandbox.py tests 10 and the watchdog's own."""
+
+    def __init__(self, tmp: Path, sections: str, nice: int = 0, **popen: Any) -> None:
         self.tmp = tmp
         self.out = tmp / "out"
         self.sock = tmp / "agent.sock"
         self.config = tmp / "aiflame.toml"
-        self.config.write_text(textwrap.dedent(sections)
-                               + f'[output]\ndir = "{self.out}"\n[control]\nsocket = "{self.sock}"\n')
+        sections = textwrap.dedent(sections)
+        assert "[limits]" not in sections, "pass the daemon's niceness as nice="
+        self.config.write_text(sections + f'[output]\ndir = "{self.out}"\n[control]\nsocket = "{self.sock}"\n'
+                               f'[limits]\nnice = {nice}\n')
         self.log = tmp / "daemon.log"
         self._log_f = open(self.log, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config", str(self.config)],

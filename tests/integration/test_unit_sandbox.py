@@ -39,6 +39,20 @@ def _settings() -> dict[str, str]:
     return out
 
 
+def _nice(pid: int) -> int:
+    """The niceness of `pid`'s main thread (/proc/PID/stat, field 19)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[16])
+
+
+def _stop_watchdog(pid: int) -> int | None:
+    """The child of `pid` that runs agent/kernel/stop_watchdog.py."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"stop_watchdog.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+    return None
+
+
 def test_the_unit_parses(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.fail("systemd-analyze missing: `make setup` installs systemd")
@@ -66,8 +80,10 @@ def test_daemon_under_the_units_sandbox(tmp_path: Path, request: pytest.FixtureR
     out.mkdir()
     sock.parent.mkdir()
     config = state / "aiflame.toml"
+    # The shipped niceness, explicitly: the daemon at 10, its stop watchdog at the priority the daemon started
+    # with (this test's); under the unit's bounding set nothing could take the watchdog back from 10.
     config.write_text(f'[watch]\nnames = ["aiflame_unit_*"]\n[output]\ndir = "{out}"\n'
-                      f'[control]\nsocket = "{sock}"\n')
+                      f'[control]\nsocket = "{sock}"\n[limits]\nnice = 10\n')
     # The unit's symbol cache: CacheDirectory= (systemd makes it writable) and AIFLAME_CACHE pointing into it.
     cache_dir = unit["CacheDirectory"]
     assert unit["Environment"].startswith(f"AIFLAME_CACHE=/var/cache/{cache_dir}/"), unit["Environment"]
@@ -96,6 +112,10 @@ def test_daemon_under_the_units_sandbox(tmp_path: Path, request: pytest.FixtureR
             assert daemon.poll() is None, log.read_text()
             assert time.monotonic() < end, log.read_text()
             time.sleep(0.2)
+        assert "sys_nice" not in caps and _nice(daemon.pid) == 10, log.read_text()
+        watchdog = _stop_watchdog(daemon.pid)
+        assert watchdog is not None, "the daemon started no stop watchdog"
+        assert _nice(watchdog) == os.getpriority(os.PRIO_PROCESS, 0) < 10, log.read_text()
         work = subprocess.Popen([str(job), "60"])
         trig = subprocess.run([sys.executable, "-m", "aiflame", "trigger", "--pid", str(work.pid), "-d", "3",
                                "--socket", str(sock)], cwd=REPO, capture_output=True, text=True, timeout=180)
