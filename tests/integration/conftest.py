@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,57 @@ def aiflame(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
     if check and proc.returncode != 0:
         raise AssertionError(f"aiflame {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+# How long a wait for a condition goes on before the test fails: a hang, never a pace. No load comes near it
+# (the condition is met as soon as the work is done, however slowly).
+HANG_S = 300.0
+
+
+def wait_until(pred: Callable[[], bool], what: str, guard_s: float = HANG_S) -> None:
+    """Until `pred()` holds; fails the test saying `what` did not happen if it never does."""
+    end = time.monotonic() + guard_s
+    while not pred():
+        if time.monotonic() > end:
+            pytest.fail(f"{what}: not after {guard_s:g} s")
+        time.sleep(0.05)
+
+
+def cpu_ns(pid: int) -> int:
+    """Time on CPU of `pid`'s main thread, in ns (/proc/PID/schedstat: the scheduler's own exact sum)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+class CpuTrace:
+    """The CPU time of a single-threaded process over CLOCK_MONOTONIC, read every 10 ms in a thread: how much it
+    ran between two instants (a capture's start and end), to derive how many samples that capture must hold."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.points: list[tuple[int, int]] = []  # (monotonic ns, cpu ns)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.points.append((time.monotonic_ns(), cpu_ns(self.pid)))
+            except (OSError, ValueError, IndexError):
+                return  # exited
+            self._stop.wait(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def ran_ns(self, t0: int, t1: int) -> int:
+        """CPU time between monotonic t0 and t1, at least: from the last reading at or after t0 to the last at or
+        before t1 (a lower bound, never more than it ran)."""
+        after = [c for t, c in self.points if t >= t0]
+        before = [c for t, c in self.points if t <= t1]
+        assert after and before, f"no CPU readings of {self.pid} in the interval"
+        return max(before[-1] - after[0], 0)
 
 
 def read_folded(path: Path) -> dict[str, int]:
