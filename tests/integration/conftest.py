@@ -52,6 +52,12 @@ def cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU time of process `pid`, all its threads (the exited ones too), user and system, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class CpuTrace:
     """The CPU time of a single-threaded process over CLOCK_MONOTONIC, read every 10 ms in a thread: how much it
     ran between two instants (a capture's start and end), to derive how many samples that capture must hold."""
