@@ -109,7 +109,7 @@ class AgentProcess:
     more subprocess.Popen arguments (a session, a cgroup). Returns once it has started.
 
     `nice`: the daemon's [limits] nice. Tests run it at their own priority (0) by choice: the shipped 10 would let
-    a CPU burner on the host (make stress) starve it, and test_unit_sandbox.py tests 10 and the watchdog's own."""
+    a CPU burner on the host (make stress) starve it; test_daemon.py tests 10 and the watchdog's own priority."""
 
     def __init__(self, tmp: Path, sections: str, nice: int = 0, **popen: Any) -> None:
         self.tmp = tmp

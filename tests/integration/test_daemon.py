@@ -4,6 +4,7 @@ One daemon serves the module (its BPF compile takes seconds); SIGTERM comes last
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -260,3 +261,38 @@ def test_sighup_and_sigterm_mid_window_lose_nothing(daemon: Daemon) -> None:
         assert a.footer is not None
         assert b.header.start_mono_ns - a.footer.end_mono_ns < 200_000_000
     assert not daemon.sock.exists()
+
+
+CAP_SYS_NICE, PR_CAPBSET_DROP = 23, 24
+
+
+def _without_cap_sys_nice() -> None:
+    """preexec_fn: drop CAP_SYS_NICE from the bounding set, as the unit does: after exec no process of the
+    daemon can lower a niceness it has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _nice(pid: int) -> int:
+    """The niceness of `pid`'s main thread (/proc/PID/stat, field 19)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[16])
+
+
+def test_the_stop_watchdog_keeps_the_daemons_starting_priority(tmp_path: Path) -> None:
+    """The shipped [limits] nice (10) lowers the daemon, never the safety net that continues the targets its
+    probes stopped: the watchdog runs at the priority the daemon started with, here without CAP_SYS_NICE."""
+    d = AgentProcess(tmp_path, "[continuous]\nruntimes = true\n", nice=10, preexec_fn=_without_cap_sys_nice)
+    try:
+        status = Path(f"/proc/{d.proc.pid}/status").read_text()
+        bounding = int(next(ln for ln in status.splitlines() if ln.startswith("CapBnd:")).split()[1], 16)
+        assert not bounding & (1 << CAP_SYS_NICE), status
+        assert _nice(d.proc.pid) == 10
+        watchdogs = [int(c) for task in Path(f"/proc/{d.proc.pid}/task").iterdir()
+                     for c in (task / "children").read_text().split()
+                     if b"stop_watchdog.py" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(watchdogs) == 1, d.text()
+        assert _nice(watchdogs[0]) == os.getpriority(os.PRIO_PROCESS, 0) < 10, d.text()
+    finally:
+        d.proc.terminate()
+        assert d.proc.wait(timeout=HANG_S) == 0, d.text()
