@@ -124,7 +124,7 @@ class AgentProcess:
         self._log_f = open(self.log, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config", str(self.config)],
                                      cwd=REPO, stdout=self._log_f, stderr=subprocess.STDOUT, **popen)
-        self.wait_log("INFO started", 120)
+        self.wait_log("INFO started", HANG_S)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -141,8 +141,10 @@ def test_windows_follow_targets_that_start_fork_and_exit(daemon: Daemon) -> None
         assert cap.footer is not None
         sampled = {s.pid for s in cap.samples}
         assert sampled <= {p.pid for p in cap.processes}
-    assert not [p for p in (daemon.out / "windows").iterdir() if p.name.startswith(".partial-")
-                and p.stat().st_mtime < time.time() - 2 * WINDOW_S]
+    # No window is left partial: each one open now (bar the one in progress) is finished or removed. Waited for,
+    # not timed: a daemon on a busy host finishes windows late, never leaves them.
+    partial = sorted(p for p in (daemon.out / "windows").iterdir() if p.name.startswith(".partial-"))
+    wait_until(lambda: all(not p.exists() for p in partial[:-1]), f"partial windows finished: {partial}")
 
 
 def test_trigger_and_status(daemon: Daemon) -> None:

@@ -139,21 +139,30 @@ def test_ctrl_c_keeps_a_complete_capture(examples: Path, tmp_path: Path) -> None
 
 
 def test_delay_leaves_out_start_up(tmp_path: Path) -> None:
-    """--delay: the start-up phase's samples are left out and counted; the steady phase after it is there."""
+    """--delay: the start-up phase's samples are left out and counted; the steady phase after it is there.
+    The phases are wall time (the delay is), the counts derived from CPU time: start-up says how much it ran,
+    and steady goes on for 1 s of CPU time after its 3 s (well past the delay), however busy the host."""
     script = tmp_path / "phases.py"
     script.write_text(
         "import time\n"
         "def start_up(s):\n    end = time.monotonic() + s\n    while time.monotonic() < end:\n        pass\n"
-        "def steady(s):\n    end = time.monotonic() + s\n    while time.monotonic() < end:\n        pass\n"
-        "start_up(3.0)\nsteady(3.0)\n"
+        "def steady(s, cpu):\n    end = time.monotonic() + s\n    while time.monotonic() < end:\n        pass\n"
+        "    end = time.process_time() + cpu\n    while time.process_time() < end:\n        pass\n"
+        "start_up(3.0)\nprint('start-up cpu', time.process_time(), flush=True)\nsteady(3.0, 1.0)\n"
     )
     out = tmp_path / "o"
-    aiflame("profile", "-q", "-F", "199", "--delay", "4", "-o", str(out), "--", "/usr/bin/python3", str(script))
+    proc = aiflame("profile", "-q", "-F", "199", "--delay", "4", "-o", str(out), "--", "/usr/bin/python3",
+                   str(script))
+    start_up_cpu = float(proc.stdout.split("start-up cpu", 1)[1].split()[0])
     folded = read_folded(out / "profile.folded")
 
     def py(name: str) -> int:
         return sum(c for st, c in folded.items() if f";py::{name} (" in st)
 
-    assert py("steady") > 50 and py("start_up") == 0, folded
+    assert py("steady") > 50 and py("start_up") == 0, folded  # 1 s of CPU after the delay: ~199
     cap = read_capture(out / "profile.aiflame")
-    assert cap.footer is not None and cap.footer.counters.get("before_delay", 0) > 100
+    assert cap.footer is not None
+    # Oracle: the start-up's own CPU time (all of it before the delay) at 199 Hz, 70% of it at the least.
+    assert start_up_cpu > 0.1, start_up_cpu
+    assert cap.footer.counters.get("before_delay", 0) >= 0.7 * start_up_cpu * 199, (cap.footer.counters,
+                                                                                     start_up_cpu)
