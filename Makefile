@@ -30,6 +30,9 @@ test: setup examples ## lint, type-check, unit tests and real BPF integration te
 	$(MAKE) -s lint
 	$(PY) -m pytest tests
 
+stress: setup examples ## the suite with every CPU busy (scripts/stress.sh: 2 busy loops per CPU, at least 4); TESTS=... picks tests
+	./scripts/stress.sh $(PY) -m pytest $(or $(TESTS),tests)
+
 hostile: setup examples ## issue #20's attacks by an unprivileged user, for real (part of make test too)
 	$(PY) -m pytest tests/unit/test_safe_files.py tests/unit/test_inflate.py tests/integration/test_hostile.py \
 		tests/integration/test_hostile_daemon.py tests/integration/test_unit_sandbox.py
@@ -54,4 +57,4 @@ clean: ## remove build outputs (keeps .venv)
 	rm -rf out build *.egg-info .mypy_cache .ruff_cache .pytest_cache
 	@$(MAKE) -s -C examples clean
 
-.PHONY: help setup examples demo lint test hostile fuzz bench install-agent uninstall-agent proto clean
+.PHONY: help setup examples demo lint test stress hostile fuzz bench install-agent uninstall-agent proto clean

@@ -1,6 +1,6 @@
 /* The parent busy-loops in parent_work while a forked child busy-loops in child_work; then both exit.
  * With an argument "exec", the child re-executes this binary as "forker child" instead.
- * Usage: forker [seconds] [exec] */
+ * Usage: forker [seconds] [exec]: seconds of CPU time each, not of wall time (a fixed amount of work). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,9 +10,9 @@
 
 static volatile unsigned long sink;
 
-static double now(void) {
+static double now(void) {  /* this process's CPU time: a fixed amount of work, however busy the host */
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 

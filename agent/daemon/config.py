@@ -68,7 +68,7 @@ class LimitsConfig:
     max_targets_per_user: int = 128
     max_probed_libraries: int = 64  # libraries holding runtime uprobes before they are all re-placed
     max_queued_exports: int = 4  # windows waiting for their folded export; beyond, exports are skipped
-    nice: int = 10  # scheduling niceness of the daemon (its work is never urgent)
+    nice: int = 10  # scheduling niceness of the daemon (never urgent); its stop watchdog keeps the one it started at
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from aiflame.agent.daemon.signals import LoopSignals, controlling_tty
 from aiflame.agent.daemon.status import StatusBoard
 from aiflame.agent.daemon.store import FILE_UMASK, OutputDirs
 from aiflame.agent.kernel.sampler import SamplerConfig
+from aiflame.agent.kernel.stop_watchdog import keep_watchdog_priority
 from aiflame.agent.preflight import SessionError, check_root
 from aiflame.agent.procs import own_cpu_s, own_rss_bytes
 
@@ -86,10 +87,7 @@ class Daemon:
         except SessionError as e:
             raise DaemonError(str(e)) from None
         os.umask(FILE_UMASK)
-        try:
-            os.nice(self.cfg.limits.nice - os.nice(0))
-        except OSError:
-            pass
+        self._lower_priority()
         self._prepare_output()
         self.control.listen()
         with self.signals:
@@ -115,6 +113,15 @@ class Daemon:
         log.info("stopped reason=%s windows=%d captures=%d", self.signals.stop_reason, self.windows.written,
                  self.captures.written)
         return 0
+
+    def _lower_priority(self) -> None:
+        """Run at the configured niceness; stop watchdogs keep the priority we started with (the safety net that
+        continues stopped targets must not wait behind a busy host; the unit has no CAP_SYS_NICE to undo it)."""
+        keep_watchdog_priority()
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, self.cfg.limits.nice)  # this thread, and every thread it makes
+        except OSError as e:
+            log.warning("cannot set niceness %d: %s", self.cfg.limits.nice, e)
 
     def _prepare_output(self) -> None:
         try:

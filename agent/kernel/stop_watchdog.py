@@ -12,18 +12,23 @@ and the agent deletes the entry when it continues the target. This process holds
 
 It runs in its own session (no terminal's ^C, no kill of the agent's process group reaches it) and reports one
 line per target it continued on stdout: `PID AGE_MS`. Run by agent/kernel/sampler.py as
-`python -I -S stop_watchdog.py MAP_FD DEADLINE_MS`. Imports only the standard library (a few MB resident): it runs
+`python -I -S stop_watchdog.py MAP_FD DEADLINE_MS`. A process that lowers its own priority calls
+`keep_watchdog_priority()` first: watchdogs then start at the priority it had, not at its own (without
+CAP_SYS_NICE they could never take it back). Imports only the standard library (a few MB resident): it runs
 as a file, outside the aiflame package, and outlives the agent.
 """
 
 import ctypes
 import errno
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 GRACE_S = 1.0  # sweeping on after the agent is gone
 _SYS_BPF = 321  # x86-64
@@ -113,16 +118,58 @@ def main() -> int:
         time.sleep(poll_s)
 
 
+class _Launcher:
+    """A thread that starts watchdogs. Linux niceness belongs to a thread, threads and children inherit their
+    creator's, and lowering it back needs CAP_SYS_NICE: this thread, made before the process lowers its priority,
+    keeps the old one for the watchdogs it starts."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], subprocess.Popen[bytes]], queue.SimpleQueue[object]]] = (
+            queue.SimpleQueue())
+        threading.Thread(target=self._run, name="aiflame-watchdog-launcher", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            start, done = self._jobs.get()
+            try:
+                done.put(start())
+            except BaseException as e:  # handed to the caller, raised there
+                done.put(e)
+
+    def start(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        done: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._jobs.put((start, done))
+        result = done.get()
+        if isinstance(result, BaseException):
+            raise result
+        assert isinstance(result, subprocess.Popen)
+        return result
+
+
+_launcher: _Launcher | None = None
+
+
+def keep_watchdog_priority() -> None:
+    """Stop watchdogs started from now on begin at the calling thread's present priority, whatever it becomes."""
+    global _launcher
+    if _launcher is None:
+        _launcher = _Launcher()
+
+
 class StopWatchdog:
     """The agent's end: starts the watchdog over the `stops` map fd, collects what it reports, and lets it go
     (`close`: it continues whatever is still recorded, then exits). Dying does the same."""
 
     def __init__(self, map_fd: int, deadline_ms: int) -> None:
         read_end, self._pipe = os.pipe()  # the write end is ours alone (not inheritable): EOF means we are gone
-        try:
-            self._proc = subprocess.Popen(
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(map_fd), str(deadline_ms)],
                 stdin=read_end, stdout=subprocess.PIPE, pass_fds=(map_fd,), start_new_session=True, cwd="/")
+
+        try:
+            self._proc = _launcher.start(start) if _launcher is not None else start()
         except BaseException:
             os.close(self._pipe)
             raise

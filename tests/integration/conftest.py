@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,63 @@ def aiflame(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
     return proc
 
 
+# How long a wait for a condition goes on before the test fails: a hang, never a pace. No load comes near it
+# (the condition is met as soon as the work is done, however slowly).
+HANG_S = 300.0
+
+
+def wait_until(pred: Callable[[], bool], what: str, guard_s: float = HANG_S) -> None:
+    """Until `pred()` holds; fails the test saying `what` did not happen if it never does."""
+    end = time.monotonic() + guard_s
+    while not pred():
+        if time.monotonic() > end:
+            pytest.fail(f"{what}: not after {guard_s:g} s")
+        time.sleep(0.05)
+
+
+def cpu_ns(pid: int) -> int:
+    """Time on CPU of `pid`'s main thread, in ns (/proc/PID/schedstat: the scheduler's own exact sum)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time of process `pid`, all its threads (the exited ones too), user and system, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuTrace:
+    """The CPU time of a single-threaded process over CLOCK_MONOTONIC, read every 10 ms in a thread: how much it
+    ran between two instants (a capture's start and end), to derive how many samples that capture must hold."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.points: list[tuple[int, int]] = []  # (monotonic ns, cpu ns)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.points.append((time.monotonic_ns(), cpu_ns(self.pid)))
+            except (OSError, ValueError, IndexError):
+                return  # exited
+            self._stop.wait(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def ran_ns(self, t0: int, t1: int) -> int:
+        """CPU time between monotonic t0 and t1, at least: from the last reading at or after t0 to the last at or
+        before t1 (a lower bound, never more than it ran)."""
+        after = [c for t, c in self.points if t >= t0]
+        before = [c for t, c in self.points if t <= t1]
+        assert after and before, f"no CPU readings of {self.pid} in the interval"
+        return max(before[-1] - after[0], 0)
+
+
 def read_folded(path: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in path.read_text().splitlines():
@@ -47,20 +106,25 @@ def share(folded: dict[str, int], frame: str) -> int:
 class AgentProcess:
     """`aiflame agent` as a root subprocess with a config of its own in `tmp`: `sections` (TOML: [watch],
     [continuous], ...) plus an output directory and control socket there; its log is `tmp/daemon.log`. `popen`:
-    more subprocess.Popen arguments (a session, a cgroup). Returns once it has started."""
+    more subprocess.Popen arguments (a session, a cgroup). Returns once it has started.
 
-    def __init__(self, tmp: Path, sections: str, **popen: Any) -> None:
+    `nice`: the daemon's [limits] nice. Tests run it at their own priority (0) by choice: the shipped 10 would let
+    a CPU burner on the host (make stress) starve it; test_daemon.py tests 10 and the watchdog's own priority."""
+
+    def __init__(self, tmp: Path, sections: str, nice: int = 0, **popen: Any) -> None:
         self.tmp = tmp
         self.out = tmp / "out"
         self.sock = tmp / "agent.sock"
         self.config = tmp / "aiflame.toml"
-        self.config.write_text(textwrap.dedent(sections)
-                               + f'[output]\ndir = "{self.out}"\n[control]\nsocket = "{self.sock}"\n')
+        sections = textwrap.dedent(sections)
+        assert "[limits]" not in sections, "pass the daemon's niceness as nice="
+        self.config.write_text(sections + f'[output]\ndir = "{self.out}"\n[control]\nsocket = "{self.sock}"\n'
+                               f'[limits]\nnice = {nice}\n')
         self.log = tmp / "daemon.log"
         self._log_f = open(self.log, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "aiflame", "agent", "--config", str(self.config)],
                                      cwd=REPO, stdout=self._log_f, stderr=subprocess.STDOUT, **popen)
-        self.wait_log("INFO started", 120)
+        self.wait_log("INFO started", HANG_S)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
