@@ -188,7 +188,11 @@ def request(path: str, req: Request, timeout_s: float) -> Response:
         try:
             sock.sendall(encode_request(req))
         except OSError as e:
-            raise ProtocolError(f"cannot talk to the daemon: {e.strerror}") from None
+            # the daemon may have answered and closed before reading (a refusal): its reply says why
+            try:
+                return parse_response(read_line(sock, 16 * MAX_MESSAGE))
+            except (OSError, ProtocolError):
+                raise ProtocolError(f"cannot talk to the daemon: {e.strerror}") from None
         return parse_response(read_line(sock, 16 * MAX_MESSAGE))
     finally:
         sock.close()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +21,7 @@ from aiflame.agent.daemon.protocol import (
     encode_response,
     parse_request,
     parse_response,
+    request,
 )
 
 
@@ -81,3 +85,26 @@ def test_fuzz_responses(line: bytes) -> None:
         parse_response(line)
     except ProtocolError:
         pass
+
+
+def test_a_reply_sent_before_the_request_was_read_is_read(tmp_path: Path) -> None:
+    """The daemon refuses a client (not root) before reading its request and closes: a client still sending gets
+    EPIPE, and must read the refusal rather than report a broken pipe (test_daemon saw it under load)."""
+    path = str(tmp_path / "sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def refuse() -> None:
+        conn, _ = server.accept()
+        conn.sendall(encode_response(Response(False, error="refused: the control socket is root-only")))
+        conn.close()
+
+    t = threading.Thread(target=refuse)
+    t.start()
+    try:  # a request far larger than the socket's buffer: the send is still going when the server closes
+        reply = request(path, TriggerRequest(tuple(range(1, 400_000))), 10)
+    finally:
+        t.join()
+        server.close()
+    assert reply == Response(False, error="refused: the control socket is root-only")
