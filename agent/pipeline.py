@@ -174,6 +174,7 @@ class CapturePipeline:
         sampler, writer = self.sampler, self.writer
         assert sampler is not None and writer is not None
         sampler.poll()
+        sampler.catch_up_tables()  # tables walks stopped at since they were evicted
         exited = []
         for ev in self._procs:
             if ev.kind == RecKind.FORK:
