@@ -28,6 +28,7 @@ from pathlib import Path
 from common import REPO, RESULTS, aiflame_cmd, vm_hwm_kb
 
 LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
+FREQ: list[str] = []  # --frequency: -F for aiflame profile
 PYTHON = [sys.executable]  # the interpreter running the loop (--python: a side venv with the CUDA build of torch)
 MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"], "full": []}
 
@@ -54,7 +55,7 @@ def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, fl
 
     t0 = time.monotonic()
     proc = subprocess.Popen(aiflame_cmd("profile", "-q", "--force", "-o", str(out), "--formats", "folded",
-                                        *MODES[mode], "--", *PYTHON, str(LOOP), *loop_args),
+                                        *MODES[mode], *FREQ, "--", *PYTHON, str(LOOP), *loop_args),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     hwm = 0
     while proc.poll() is None:
@@ -101,16 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alone / profiled pairs per mode (2)")
     ap.add_argument("--python", default=sys.executable,
                     help="the Python that runs the loop (a side venv's, e.g. one with the CUDA build of torch)")
+    ap.add_argument("--frequency", type=int, default=0, help="aiflame's sampling rate (default: its own, 99 Hz)")
     ap.add_argument("--small", action="store_true", help="a small model (1 layer, d=128, seq 64), for a quick try")
     a = ap.parse_args(argv)
     PYTHON[:] = [a.python]
+    FREQ[:] = ["-F", str(a.frequency)] if a.frequency else []
     modes = [m for m in a.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
         ap.error(f"unknown mode {unknown[0]!r} (known: {', '.join(MODES)})")
     loop_args = ["--device", a.device, "--seconds", str(a.seconds), "--warmup", str(a.warmup)]
     if a.small:
         loop_args += ["--layers", "1", "--d", "128", "--seq", "64", "--batch", "4"]
-    results: dict[str, object] = {"device": a.device, "python": a.python, "loop": loop_args, "modes": {}}
+    results: dict[str, object] = {"device": a.device, "python": a.python, "frequency": a.frequency or 99,
+                                   "loop": loop_args, "modes": {}}
     with tempfile.TemporaryDirectory(prefix="aiflame-gpu-host-") as tmp:
         for mode in modes:
             pairs = []
