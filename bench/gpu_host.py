@@ -82,8 +82,8 @@ def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, fl
         "walks_reaching_outermost_pct": 100 * prof.counters.get("unwind_end", 0) / walks if walks else 0.0,
         "unwind_tables_evicted": c.get("unwind_tables_evicted", 0),
         "cpu_samples": len(cap.samples),
-        "stops": {k.removeprefix("unwind_"): v for k, v in prof.counters.items()
-                  if k.startswith("unwind_") and k != "unwind_cfi"},
+        **{f"stop_{k.removeprefix('unwind_')}": float(v) for k, v in {**c, **prof.counters}.items()
+           if k.startswith("unwind_") and k != "unwind_cfi"},
         "python_samples": prof.counters.get("python_samples", 0),
         "python_spliced_at_root": prof.counters.get("python_spliced", 0),
         "python_mismatched": prof.counters.get("python_mismatched", 0),
@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f" walks to outermost {prof['walks_reaching_outermost_pct']:.1f}%; agent CPU "
                       f"{prof['agent_cpu_s']:.1f} s of {prof['job_s']:.1f} s, RSS {prof['agent_peak_rss_mb']:.0f} MB; "
                       f"wall {alone['wall_s']:.1f} -> {prof['wall_s']:.1f} s; Python samples {prof['python_samples']}, "
-                      f"{prof['python_spliced_at_root']} spliced at the root; stops {prof['stops']}", flush=True)
+                      f"{prof['python_spliced_at_root']} spliced at the root; "
+                      + ", ".join(f"{k[5:]} {v:.0f}" for k, v in prof.items() if k.startswith("stop_")), flush=True)
             ratios = [p["steps_per_s"] / al["steps_per_s"] for al, p in pairs]
             summary = {"steps_ratio_median": statistics.median(ratios), "ratios": ratios,
                        "runs": [{"alone": al, "profiled": p} for al, p in pairs]}

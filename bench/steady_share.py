@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from common import REPO
 
@@ -20,7 +21,7 @@ from aiflame.symbolize.stacks import StackOptions, symbolize_capture  # noqa: E4
 
 
 def shares(path: str, after_s: float) -> dict[str, dict[str, float]]:
-    cap = read_capture(path)
+    cap = read_capture(Path(path))
     if not cap.samples:
         raise SystemExit(f"{path}: no samples")
     t0 = min(s.time_ns for s in cap.samples)

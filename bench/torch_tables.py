@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from common import REPO, RESULTS
 
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for lo, hi, perms, _off, _dev, inode, path in maps:
             if "x" in perms and path.startswith("/") and inode and path not in files:
                 files[path] = (lo, hi)
-        rows = []
+        rows: list[dict[str, Any]] = []
         with tempfile.TemporaryDirectory(prefix="aiflame-cfi-") as cache:
             for path, (lo, hi) in files.items():
                 fd_path = f"/proc/{child.pid}/map_files/{lo:x}-{hi:x}"
