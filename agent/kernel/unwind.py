@@ -223,8 +223,8 @@ class UnwindTables:
     def _load(self, pid: int, m: Mapping, reload: bool = False) -> str:
         """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one). The file
         is the one mapped (map_files); a file seen before (same device, inode, size and mtime) with its table
-        still loaded costs one stat, not an ELF open (a torch process maps ~100 of them, re-read at each
-        snapshot)."""
+        still loaded, or evicted (`reload`: load it again), costs one stat, not an ELF open (a torch process
+        maps ~100 of them, re-read at each snapshot)."""
         path = self._file_of(pid, m)
         try:
             st = os.stat(path)
@@ -233,10 +233,12 @@ class UnwindTables:
             return ""
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         seen = self._seen.get(ident)
-        if seen is not None and seen[0] in self._files and m.file_offset in seen[1]:
-            key, vaddrs = seen
+        if seen is not None and m.file_offset in seen[1] and (
+                seen[0] in self._files or (seen[0] in self._evicted and not reload)):
+            key, vaddrs = seen  # loaded, or evicted and left so until a walk wants it: no ELF open either way
             self._bias[(pid, m.start)] = m.start - vaddrs[m.file_offset]
-            self._files[key].used_ns = time.monotonic_ns()
+            if key in self._files:
+                self._files[key].used_ns = time.monotonic_ns()
             return key
         try:
             elf = ElfFile.open(path)

@@ -308,7 +308,8 @@ def test_an_index_that_never_fits_leaves_the_file_to_frame_pointers(files: Calla
     assert wide_map.nrows == 0 and "do not fit" in p.tables.stats.errors[files("wide")]
 
 
-def test_executed_tables_are_kept_and_evicted_ones_come_back_on_demand(files: Callable[[str], str]) -> None:
+def test_executed_tables_are_kept_and_evicted_ones_come_back_on_demand(files: Callable[[str], str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # a torch process maps more CFI rows than the pool holds but runs a few of its files: the executed tables
     # stay, those never executed make room, and a table that does not fit without evicting an executed one
     # waits (as if evicted) for a walk to stop at it
@@ -326,9 +327,17 @@ def test_executed_tables_are_kept_and_evicted_ones_come_back_on_demand(files: Ca
     starts = {m.start: m for m in p.proc(1)}
     assert starts[5 << 28].first_row == ROWS_EVICTED and p.tables.stats.deferred == 1
     assert p.tables.stats.evicted == 1 and p.built == list("abcde")
-    for _ in range(3):  # described again and again (every library a process maps): no churn
+    opened: list[str] = []
+    real_open = ElfFile.open
+
+    def counted_open(path: str) -> ElfFile:
+        opened.append(path)
+        return real_open(path)
+
+    monkeypatch.setattr(ElfFile, "open", staticmethod(counted_open))
+    for _ in range(3):  # described again and again (every library a process maps): no churn, no ELF opened
         p.tables.add_process(1, maps)
-    assert p.tables.stats.evicted == 1 and p.tables.stats.loaded == 4
+    assert p.tables.stats.evicted == 1 and p.tables.stats.loaded == 4 and opened == []
     # a walk stops at e (the leaf frame in e, its table evicted): e comes back, the least recently executed
     # table (a: its walk is the oldest) makes room, and every process mapping e is told
     p.tables.note_walk(1, (0x3000_0010,), 1)
