@@ -173,6 +173,8 @@ class Session:
         if uw is not None:  # what the CFI tables cost and lost: loads, evictions, files left to frame pointers
             self.stats.counters.update({"unwind_tables": uw.tables, "unwind_tables_loaded": uw.loaded,
                                         "unwind_tables_evicted": uw.evicted, "unwind_table_errors": len(uw.errors),
+                                        "unwind_tables_reloaded": uw.reloaded, "unwind_tables_deferred": uw.deferred,
+                                        "unwind_tables_evicted_again": uw.evicted_again,
                                         "unwind_rows": uw.rows_used})
             table_warnings = [f"no CFI table, frame pointers only: {e}" for e in list(uw.errors.values())[:5]]
         if pipe.probes:

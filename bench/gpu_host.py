@@ -28,6 +28,8 @@ from pathlib import Path
 from common import REPO, RESULTS, aiflame_cmd, vm_hwm_kb
 
 LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
+FREQ: list[str] = []  # --frequency: -F for aiflame profile
+PYTHON = [sys.executable]  # the interpreter running the loop (--python: a side venv with the CUDA build of torch)
 MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"], "full": []}
 
 
@@ -41,7 +43,7 @@ def _steps(stdout: str) -> dict[str, float]:
 
 def run_alone(loop_args: Sequence[str]) -> dict[str, float]:
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(LOOP), *loop_args], capture_output=True, text=True, check=True)
+    proc = subprocess.run([*PYTHON, str(LOOP), *loop_args], capture_output=True, text=True, check=True)
     return {**_steps(proc.stdout), "wall_s": time.monotonic() - t0}
 
 
@@ -53,7 +55,7 @@ def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, fl
 
     t0 = time.monotonic()
     proc = subprocess.Popen(aiflame_cmd("profile", "-q", "--force", "-o", str(out), "--formats", "folded",
-                                        *MODES[mode], "--", sys.executable, str(LOOP), *loop_args),
+                                        *MODES[mode], *FREQ, "--", *PYTHON, str(LOOP), *loop_args),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     hwm = 0
     while proc.poll() is None:
@@ -80,6 +82,13 @@ def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, fl
         "walks_reaching_outermost_pct": 100 * prof.counters.get("unwind_end", 0) / walks if walks else 0.0,
         "unwind_tables_evicted": c.get("unwind_tables_evicted", 0),
         "cpu_samples": len(cap.samples),
+        **{f"stop_{k.removeprefix('unwind_')}": float(v) for k, v in {**c, **prof.counters}.items()
+           if k.startswith("unwind_") and k != "unwind_cfi"},
+        "python_samples": prof.counters.get("python_samples", 0),
+        "python_spliced_at_root": prof.counters.get("python_spliced", 0),
+        "python_mismatched": prof.counters.get("python_mismatched", 0),
+        "unwind_tables_loaded": c.get("unwind_tables_loaded", 0),
+        "unwind_rows": c.get("unwind_rows", 0),
     })
     return res
 
@@ -91,15 +100,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=3)
     ap.add_argument("--modes", default="cpu,probes,full", help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--rounds", type=int, default=2, help="alone / profiled pairs per mode (2)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="the Python that runs the loop (a side venv's, e.g. one with the CUDA build of torch)")
+    ap.add_argument("--frequency", type=int, default=0, help="aiflame's sampling rate (default: its own, 99 Hz)")
     ap.add_argument("--small", action="store_true", help="a small model (1 layer, d=128, seq 64), for a quick try")
     a = ap.parse_args(argv)
+    PYTHON[:] = [a.python]
+    FREQ[:] = ["-F", str(a.frequency)] if a.frequency else []
     modes = [m for m in a.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
         ap.error(f"unknown mode {unknown[0]!r} (known: {', '.join(MODES)})")
     loop_args = ["--device", a.device, "--seconds", str(a.seconds), "--warmup", str(a.warmup)]
     if a.small:
         loop_args += ["--layers", "1", "--d", "128", "--seq", "64", "--batch", "4"]
-    results: dict[str, object] = {"device": a.device, "loop": loop_args, "modes": {}}
+    results: dict[str, object] = {"device": a.device, "python": a.python, "frequency": a.frequency or 99,
+                                   "loop": loop_args, "modes": {}}
     with tempfile.TemporaryDirectory(prefix="aiflame-gpu-host-") as tmp:
         for mode in modes:
             pairs = []
@@ -113,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{prof['calls_lost']:.0f} lost; launches with Python {prof['launches_with_python_pct']:.1f}%;"
                       f" walks to outermost {prof['walks_reaching_outermost_pct']:.1f}%; agent CPU "
                       f"{prof['agent_cpu_s']:.1f} s of {prof['job_s']:.1f} s, RSS {prof['agent_peak_rss_mb']:.0f} MB; "
-                      f"wall {alone['wall_s']:.1f} -> {prof['wall_s']:.1f} s", flush=True)
+                      f"wall {alone['wall_s']:.1f} -> {prof['wall_s']:.1f} s; Python samples {prof['python_samples']}, "
+                      f"{prof['python_spliced_at_root']} spliced at the root; "
+                      + ", ".join(f"{k[5:]} {v:.0f}" for k, v in prof.items() if k.startswith("stop_")), flush=True)
             ratios = [p["steps_per_s"] / al["steps_per_s"] for al, p in pairs]
             summary = {"steps_ratio_median": statistics.median(ratios), "ratios": ratios,
                        "runs": [{"alone": al, "profiled": p} for al, p in pairs]}

@@ -110,6 +110,10 @@ def unwind_line(prof: Profile) -> str:
     if c.get("unwind_tables"):
         line += (f" ({c['unwind_tables']} file tables, {c.get('unwind_rows', 0) * 8 >> 20} MiB in BPF"
                  + (f", {c['unwind_tables_evicted']} evicted" if c.get("unwind_tables_evicted") else "")
+                 + (f" ({c['unwind_tables_evicted_again']} of them again)" if c.get("unwind_tables_evicted_again")
+                    else "")
+                 + (f", {c['unwind_tables_reloaded']} back when walks stopped at them"
+                    if c.get("unwind_tables_reloaded") else "")
                  + (f", {c['unwind_table_errors']} files without" if c.get("unwind_table_errors") else "") + ")")
     if c.get("unwind_scanned"):
         line += f"; {c['unwind_scanned']} past code without CFI by a stack scan"

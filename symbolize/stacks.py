@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack
 from aiflame.core.raw import Capture, Mapping, ProcessSnapshot, PyCode, PyFlag, RawPyFrame, RawSample
+from aiflame.core.unwind import END as UNWIND_END
+from aiflame.core.unwind import stop_of
 from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer, offset_name
 from aiflame.symbolize.python.code import line_for
@@ -186,6 +188,7 @@ def symbolize_capture(
         hit = None
         if _DEDUPE:
             raw_key = (s.pid, chain.resolution, s.kern, tuple(map(_PY_FIELDS, s.py)), s.py_flags, s.user_err != 0,
+                       stop_of(s.unwind),
                        pynames.epoch(s.pid, s.time_ns) if s.py else 0,
                        (comms.get(s.pid) or s.comm) if who else "", (s.comm, s.tid) if thread else None)
             hit = memo.get(raw_key)
@@ -312,7 +315,9 @@ class _PythonNames:
         trunc = [TRUNCATED] if s.py_flags & PyFlag.TRUNCATED else []
         if python_only:
             return trunc + [name(f) for run in runs for f in run]
-        result = merge(native, runs, name)
+        # the CFI walker's own word on whether it reached the outermost frame; other walks are judged by name
+        complete = stop_of(s.unwind) == UNWIND_END if stop_of(s.unwind) else None
+        result = merge(native, runs, name, complete)
         counters["python_samples"] = counters.get("python_samples", 0) + 1
         if result.spliced:
             counters["python_spliced"] = counters.get("python_spliced", 0) + 1

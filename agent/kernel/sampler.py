@@ -34,6 +34,7 @@ from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
 from aiflame.agent.kernel.uprobes import ProbeSite, Uprobe, attach_sites
 from aiflame.core.errors import HostError
 from aiflame.core.raw import Mapping, RawSample
+from aiflame.core.unwind import STOP_MASK
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
@@ -230,6 +231,8 @@ class CpuSampler:
     def _callback(self, buf: bytes) -> None:
         rec = decode_record(buf)
         if isinstance(rec, RawSample):
+            if self._unwind is not None and rec.unwind:
+                self._unwind.note_walk(rec.pid, rec.user, rec.unwind & STOP_MASK)
             self._on_sample(rec)
         elif isinstance(rec, ProcEvent):
             self._on_proc(rec)
@@ -292,6 +295,16 @@ class CpuSampler:
                 self._unwind.add_process(pid, mappings)
             except OSError as e:
                 self._map_full("unwind_procs", pid, e)
+
+    def catch_up_tables(self) -> int:
+        """Load the evicted CFI tables that walks stopped at since the last call; how many were loaded."""
+        if self._unwind is None:
+            return 0
+        try:
+            return self._unwind.catch_up()
+        except OSError as e:
+            log.warning("CFI tables could not be loaded again: %s", e)
+            return 0
 
     @property
     def unwind_stats(self) -> UnwindStats | None:

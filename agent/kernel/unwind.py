@@ -1,9 +1,13 @@
 """The BPF unwinder's tables (bpf/unwind.h): one pool of CFI rows shared by every process, rules deduplicated
 across files, and each target's executable mappings. Runs in the agent when a process's mappings are read, never
 on the sampling path. A file's table is built (or read from the on-disk cache) once and written into the pool
-once, however many processes map it; when the pool is full the least recently used tables are evicted (their
-processes' mappings then walk with frame pointers, and samples say so). A file whose CFI cannot be read falls
-back to frame pointers alone, with its error kept once for the summary and `doctor`."""
+once, however many processes map it. A CUDA torch process maps more CFI rows than the pool holds (8.1 M rows for
+~90 files, bench/torch_tables.py) but executes a fraction of them: walks tell which tables are executed
+(note_walk), and when the pool is full the tables never executed go first, then the least recently executed.
+An evicted table is not loaded again when its file is seen mapped again, only when a walk stops at it (its
+processes' mappings walk with frame pointers meanwhile, and samples say so): a steady job does not churn. A file
+whose CFI cannot be read falls back to frame pointers alone, with its error kept once for the summary and
+`doctor`."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 MAX_MAPS = 256  # AIFLAME_UNWIND_MAPS
 MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
 ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
+STOP_EVICTED = 8  # UW_STOP_EVICTED (core/unwind.STOPS)
 # struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift, table_id, pad
 _MAP = struct.Struct("<QQQIIIIIIII")
 PAGE_SHIFT = 12  # a page index has one entry per 4 KiB of a file's code, or per larger page where that is sparse
@@ -67,7 +72,8 @@ class _Loaded:
     page_shift: int
     table_id: int  # never reused: BPF's cached rows of an evicted table can never match another's
     users: set[int] = field(default_factory=set)
-    used_ns: int = 0
+    used_ns: int = 0  # when a process was last seen mapping it
+    ran_ns: int = 0  # when a walk last went through it (0: never)
 
 
 class _FreeList:
@@ -120,6 +126,9 @@ class UnwindStats:
     rows_capacity: int = 0
     loaded: int = 0  # tables written into the pool (a table evicted and loaded again counts twice)
     evicted: int = 0
+    reloaded: int = 0  # evicted tables loaded again because a walk stopped at them
+    deferred: int = 0  # tables not loaded when first mapped (executed tables filled the pool): loaded on demand
+    evicted_again: int = 0  # evictions of a table evicted before (churn: none in a steady job)
     build_s: float = 0.0  # time spent building or reading tables
     errors: dict[str, str] = field(default_factory=dict)  # file -> why it has no table
 
@@ -152,9 +161,12 @@ class UnwindTables:
         self._proc_keys: dict[int, list[tuple[Mapping, str]]] = {}  # pid -> its mappings and their file keys
         self._bias: dict[tuple[int, int], int] = {}  # (pid, mapping start) -> runtime minus ELF address
         self._evicted: set[str] = set()
+        self._evicted_ever: set[str] = set()
         # (dev, inode, size, mtime) of a file -> its table key and the ELF address of each file offset mapped
         self._seen: dict[tuple[int, int, int, int], tuple[str, dict[int, int]]] = {}
         self._failed: set[str] = set()  # keys of files whose table could not be built or stored: not tried again
+        self._starts: dict[int, list[int]] = {}  # pid -> its mappings' starts, as _proc_keys orders them
+        self._wanted: dict[str, tuple[int, Mapping]] = {}  # evicted tables a walk stopped at -> a mapping of them
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
@@ -180,9 +192,11 @@ class UnwindTables:
             if key in self._files:
                 self._files[key].users.add(pid)
         self._proc_keys[pid] = entries
+        self._starts[pid] = [m.start for m, _ in entries]
         self._write_proc(pid)
 
     def remove_process(self, pid: int) -> None:
+        self._starts.pop(pid, None)
         for m, key in self._proc_keys.pop(pid, []):
             self._bias.pop((pid, m.start), None)
             if key in self._files:
@@ -206,11 +220,11 @@ class UnwindTables:
 
     # --- tables -------------------------------------------------------------------------------------------
 
-    def _load(self, pid: int, m: Mapping) -> str:
+    def _load(self, pid: int, m: Mapping, reload: bool = False) -> str:
         """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one). The file
         is the one mapped (map_files); a file seen before (same device, inode, size and mtime) with its table
-        still loaded costs one stat, not an ELF open (a torch process maps ~100 of them, re-read at each
-        snapshot)."""
+        still loaded, or evicted (`reload`: load it again), costs one stat, not an ELF open (a torch process
+        maps ~100 of them, re-read at each snapshot)."""
         path = self._file_of(pid, m)
         try:
             st = os.stat(path)
@@ -219,10 +233,12 @@ class UnwindTables:
             return ""
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         seen = self._seen.get(ident)
-        if seen is not None and seen[0] in self._files and m.file_offset in seen[1]:
-            key, vaddrs = seen
+        if seen is not None and m.file_offset in seen[1] and (
+                seen[0] in self._files or (seen[0] in self._evicted and not reload)):
+            key, vaddrs = seen  # loaded, or evicted and left so until a walk wants it: no ELF open either way
             self._bias[(pid, m.start)] = m.start - vaddrs[m.file_offset]
-            self._files[key].used_ns = time.monotonic_ns()
+            if key in self._files:
+                self._files[key].used_ns = time.monotonic_ns()
             return key
         try:
             elf = ElfFile.open(path)
@@ -230,12 +246,12 @@ class UnwindTables:
             self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
             return ""
         with elf:
-            key = self._load_open(pid, m, elf, path)
+            key = self._load_open(pid, m, elf, path, reload)
         if key:  # _load_open has set the bias
             self._seen.setdefault(ident, (key, {}))[1][m.file_offset] = m.start - self._bias[(pid, m.start)]
         return key
 
-    def _load_open(self, pid: int, m: Mapping, elf: ElfFile, path: str) -> str:
+    def _load_open(self, pid: int, m: Mapping, elf: ElfFile, path: str, reload: bool = False) -> str:
         try:
             vaddr = elf.file_offset_to_vaddr(m.file_offset)
             st = os.stat(elf.fd_path)
@@ -253,6 +269,8 @@ class UnwindTables:
             return key
         if key in self._failed:
             return ""
+        if key in self._evicted and not reload:
+            return key  # back when a walk stops at it (note_walk)
         t0 = time.perf_counter()
         try:
             table = self._table_for(elf.fd_path)
@@ -262,17 +280,74 @@ class UnwindTables:
             return ""
         finally:
             self.stats.build_s += time.perf_counter() - t0
-        if not self._store(key, table):
+        if not self._store(key, table, evict_executed=reload):
+            if 0 < len(table) <= self.capacity and not self._over_limits(table):
+                # executed tables fill the pool: this one waits, as if evicted, for a walk to stop at it
+                self._evicted.add(key)
+                self.stats.deferred += 1
+                return key
             self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
             self._failed.add(key)
             return ""
         return key
 
+    # --- what is executed ---------------------------------------------------------------------------------
+
+    def note_walk(self, pid: int, user: tuple[int, ...], stop: int) -> None:
+        """A walk of `pid` went through `user` (leaf first) and ended with UW_STOP_* `stop`: its tables are
+        executed now; one it stopped at because it was evicted is wanted back (catch_up loads it)."""
+        starts, entries = self._starts.get(pid), self._proc_keys.get(pid)
+        if not starts or not entries or not user:
+            return
+        now = time.monotonic_ns()
+        lo = hi = 0
+        i = -1
+        for pc in user:
+            if not lo <= pc < hi:  # consecutive frames are mostly in one file: one search per file change
+                i = bisect.bisect_right(starts, pc) - 1
+                if i < 0 or pc >= entries[i][0].end:
+                    lo = hi = 0
+                    i = -1
+                    continue
+                lo, hi = entries[i][0].start, entries[i][0].end
+                loaded = self._files.get(entries[i][1])
+                if loaded is not None:
+                    loaded.ran_ns = now
+        if stop == STOP_EVICTED and i >= 0:
+            m, key = entries[i]
+            if key in self._evicted and key not in self._files:
+                self._wanted.setdefault(key, (pid, m))
+
+    def catch_up(self) -> int:
+        """Load the evicted tables walks stopped at since the last call (evicting what ran least recently);
+        returns how many were loaded."""
+        n = 0
+        wanted, self._wanted = self._wanted, {}
+        for key, (pid, m) in wanted.items():
+            if pid not in self._proc_keys or key in self._files:
+                continue
+            if self._load(pid, m, reload=True) == key and key in self._files:
+                n += 1
+                self.stats.reloaded += 1
+                users = {p for p, ents in self._proc_keys.items() if any(k == key for _, k in ents)}
+                self._files[key].users = users
+                for user in sorted(users):
+                    self._write_proc(user)
+        return n
+
     def _file_of(self, pid: int, m: Mapping) -> str:
         """Where `m`'s file is read: through the process, so it is the file mapped even if replaced on disk."""
         return f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
 
-    def _store(self, key: str, table: UnwindTable) -> bool:
+    def _over_limits(self, table: UnwindTable) -> bool:
+        """Whether `table` could never be stored, however empty the pools (its page index or its rules)."""
+        paged = page_index(table.rows)
+        return paged is None or len(paged[2]) > self._index_capacity or \
+            len(self._rules) + len(set(table.rules) - self._rules.keys()) > MAX_RULES
+
+    def _store(self, key: str, table: UnwindTable, evict_executed: bool = True) -> bool:
+        """Write `table` into the pools, evicting others as needed (with not `evict_executed`, only tables no
+        walk has gone through); False when it does not fit."""
         n = len(table)
         if n == 0 or n > self.capacity:
             return False
@@ -280,10 +355,10 @@ class UnwindTables:
         if paged is None or len(paged[2]) > self._index_capacity:
             return False
         shift, base, index = paged
-        index_at = self._alloc(self._index_free, len(index))
+        index_at = self._alloc(self._index_free, len(index), evict_executed)
         if index_at is None:
             return False
-        first = self._alloc(self._free, n)
+        first = self._alloc(self._free, n, evict_executed)
         rules = self._global_rules(table.rules) if first is not None else None
         if first is None or rules is None:
             if first is not None:
@@ -320,24 +395,31 @@ class UnwindTables:
             out.append(idx)
         return out
 
-    def _alloc(self, pool: _FreeList, n: int) -> int | None:
+    def _alloc(self, pool: _FreeList, n: int, evict_executed: bool = True) -> int | None:
         """`n` slots of the row pool or the index pool, evicting tables until they fit (None: they never do)."""
         while True:
             start = pool.alloc(n)
             if start is not None:
                 return start
-            if not self._evict_one():
+            if not self._evict_one(evict_executed):
                 return None
 
-    def _evict_one(self) -> bool:
-        """Evict the least recently used table, preferring those no live process maps."""
+    def _evict_one(self, evict_executed: bool = True) -> bool:
+        """Evict the table executed least recently (never, first), preferring those no live process maps."""
         if not self._files:
             return False
-        key = min(self._files, key=lambda k: (bool(self._files[k].users), self._files[k].used_ns))
+        # never executed first, then the least recently executed; among equals, those no process maps
+        key = min(self._files, key=lambda k: (self._files[k].ran_ns, bool(self._files[k].users),
+                                              self._files[k].used_ns))
+        if self._files[key].ran_ns and not evict_executed:
+            return False
         loaded = self._files.pop(key)
         self._free.release(loaded.first, loaded.nrows)
         self._index_free.release(loaded.index_first, loaded.npages + 1)
+        if key in self._evicted_ever:
+            self.stats.evicted_again += 1
         self._evicted.add(key)
+        self._evicted_ever.add(key)
         self.stats.evicted += 1
         for pid in sorted(loaded.users):
             self._write_proc(pid)

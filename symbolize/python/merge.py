@@ -3,9 +3,14 @@
 The walker ships Python frames newest first. Each C-level call of the evaluator runs one Python frame (3.10)
 or a run of them (3.11+: a run starts at an entry frame, marked by `is_entry` on 3.11 and preceded by a C-stack
 shim frame on 3.12/3.13). When the native stack holds as many evaluator frames as there are runs, each evaluator
-frame is replaced by its run. When it does not (native unwinding through a libpython built without frame pointers
-stops after a few frames), the whole Python stack is spliced at the root, followed by the native frames the
-current Python frame called into, and the sample is marked spliced.
+frame is replaced by its run. A native stack is complete when the CFI walker reached the outermost frame (the
+sample says so), or, for a stack walked otherwise, when its root frame is a process or thread entry point by name
+(a stripped interpreter or libc leaves `_start` and `start_thread` unnamed: the walker's word is the one to trust).
+When the native stack was cut short (a depth limit, a library without CFI), its evaluator frames are still the
+newest ones: the newest runs replace them, matched from the leaf, and only the older runs the walk never reached
+are spliced at the root, above the native frames it found; the sample is marked spliced. With no evaluator frame
+at all, the whole Python stack is spliced at the root, followed by the native frames the current Python frame
+called into.
 
 Then, by default, the interpreter's own native frames fold away, as py-spy does. Below the first Python frame
 they are the evaluator's helpers (argument parsing, attribute lookup, the call machinery between a Python frame
@@ -40,7 +45,7 @@ _NATIVE_KINDS = frozenset({FrameKind.NATIVE, FrameKind.NATIVE_CPP, FrameKind.UNK
 @dataclass(frozen=True)
 class MergeResult:
     stack: tuple[Frame, ...]
-    spliced: bool  # Python frames put at the root because native unwinding stopped early
+    spliced: bool  # Python frames (all, or the runs older than the walk reached) put at the root
     mismatched: bool  # evaluator frames and Python runs disagreed in number
 
 
@@ -69,21 +74,29 @@ def merge(
     native: Sequence[Frame],
     runs: Sequence[Sequence[RawPyFrame]],
     name: Callable[[RawPyFrame], Frame],
+    complete: bool | None = None,
 ) -> MergeResult:
-    """`native` root -> leaf; `runs` from python_runs(); `name` turns a raw frame into a model Frame."""
+    """`native` root -> leaf; `runs` from python_runs(); `name` turns a raw frame into a model Frame. `complete`:
+    whether the native walk reached the outermost frame (None: judged by the root frame's name)."""
     if not runs:
         return MergeResult(tuple(native), False, False)
     evals = [i for i, f in enumerate(native) if f.name in EVAL_NAMES]
-    complete = bool(native) and native[0].name in NATIVE_ROOTS
-    if complete and len(evals) == len(runs):
-        out: list[Frame] = []
+    if complete is None:
+        complete = bool(native) and native[0].name in NATIVE_ROOTS
+    if evals and (len(evals) == len(runs) or not complete):
+        # Matched from the leaf: the newest runs replace the evaluator frames the walk found. Runs older than
+        # every evaluator frame found (the walk stopped before reaching theirs) go at the root; evaluator frames
+        # older than every run (Python frames truncated) stay as they are.
+        k = min(len(evals), len(runs))
+        older = runs[:len(runs) - k]
+        out = [name(f) for run in older for f in run]
         prev = 0
-        for i, run in zip(evals, runs, strict=True):
+        for i, run in zip(evals[len(evals) - k:], runs[len(runs) - k:], strict=True):
             out.extend(native[prev:i])
             out.extend(name(f) for f in run)
             prev = i + 1
         out.extend(native[prev:])
-        return MergeResult(tuple(out), False, False)
+        return MergeResult(tuple(out), bool(older), False)
     # Splice: every Python frame, then what the newest Python frame called into: the native frames after the
     # last evaluator frame; when none unwound, those after the last unnamed frame (the unwinder lost its way
     # there; e.g. a C library called through ctypes unwinds down to libffi), at least the leaf.

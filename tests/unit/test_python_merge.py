@@ -43,10 +43,11 @@ def test_replace_when_counts_match() -> None:
 
 
 def test_splice_when_native_stops_early() -> None:
+    # the walk reached one evaluator frame: the newest run takes it, the older one goes at the root
     native = [n("[unknown]"), n(EVAL), n("PyNumber_Add"), n("long_add")]
     runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
     r = merge(native, runs, py_name)
-    assert [f.name for f in r.stack] == ["py1", "py2", "PyNumber_Add", "long_add"]
+    assert [f.name for f in r.stack] == ["py1", "[unknown]", "py2", "PyNumber_Add", "long_add"]
     assert r.spliced
 
 
@@ -108,3 +109,50 @@ def test_fold_leaves_stacks_without_python_frames_and_other_modules_alone() -> N
     other = [Frame("f", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall")]
     assert fold_interpreter(other, "libpython3.11.so.1.0") == tuple(other)
     assert fold_interpreter(other, "") == tuple(other)
+
+
+def test_walker_complete_stack_with_unnamed_root_is_replaced_in_place() -> None:
+    # a stripped interpreter and libc: `_start` and `__libc_start_call_main` have no name, yet the CFI walker
+    # reached the outermost frame; the Python runs belong at their evaluator frames, not at the root
+    native = [n("python3.12+0x2c5a5"), n("libc.so.6+0x29d90"), n("Py_BytesMain"), n(EVAL), n("PyObject_Call"),
+              n(EVAL), n("sqrt")]
+    runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
+    r = merge(native, runs, py_name, complete=True)
+    assert [f.name for f in r.stack] == ["python3.12+0x2c5a5", "libc.so.6+0x29d90", "Py_BytesMain", "py1",
+                                         "PyObject_Call", "py2", "sqrt"]
+    assert not r.spliced and not r.mismatched
+    # judged by its unnamed root the stack looks cut short; the counts match, so the runs still go in place
+    assert merge(native, runs, py_name).stack == r.stack
+
+
+def test_walker_complete_stack_with_an_extra_run_is_not_taken_for_a_cut_one() -> None:
+    # complete per the walker but a run without its evaluator frame: no place is known, splice and mark it
+    native = [n("libc.so.6+0x29d90"), n(EVAL), n("x")]
+    runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
+    assert merge(native, runs, py_name, complete=True).mismatched
+    # the same stack cut short by the walker: the newest run in place, the older at the root
+    cut = merge(native, runs, py_name, complete=False)
+    assert [f.name for f in cut.stack] == ["py1", "libc.so.6+0x29d90", "py2", "x"] and cut.spliced
+
+
+def test_walk_cut_short_matches_runs_from_the_leaf() -> None:
+    # the walk stopped (depth limit) after the two newest evaluator frames: the two newest runs go there, the
+    # older one the walk never reached goes at the root
+    native = [n("at::foo"), n(EVAL), n("torch_dispatch"), n(EVAL), n("at::add")]
+    runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0), RawPyFrame(3, 0)], [RawPyFrame(4, 0)]]
+    r = merge(native, runs, py_name, complete=False)
+    assert [f.name for f in r.stack] == ["py1", "at::foo", "py2", "py3", "torch_dispatch", "py4", "at::add"]
+    assert r.spliced and not r.mismatched
+
+
+def test_truncated_python_frames_fill_the_newest_evaluator_frames() -> None:
+    native = [n("x"), n(EVAL), n("y"), n(EVAL), n("z")]
+    r = merge(native, [[RawPyFrame(7, 0)]], py_name, complete=False)
+    assert [f.name for f in r.stack] == ["x", EVAL, "y", "py7", "z"] and not r.spliced
+
+
+def test_complete_walk_with_mismatched_counts_still_splices_and_is_marked() -> None:
+    native = [n("libc.so.6+0x29d90"), n(EVAL), n("x")]
+    r = merge(native, [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]], py_name, complete=True)
+    assert r.mismatched and not r.spliced
+    assert [f.name for f in r.stack] == ["py1", "py2", "x"]

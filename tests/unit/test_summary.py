@@ -33,3 +33,18 @@ def test_the_summary_prints_bracketed_names_as_text() -> None:
     print_summary(Console(file=buf, width=300), prof)
     out = buf.getvalue()
     assert "stopped early: no mapping 1; most in [unknown] (1 samples: no mapping)" in out
+
+
+def test_unwind_line_says_tables_evicted_again_and_brought_back() -> None:
+    from aiflame.cli.summary import unwind_line
+    from aiflame.core.model import Profile
+
+    prof = Profile(unit="samples")
+    prof.counters.update({"unwind_cfi": 100, "unwind_end": 90, "unwind_evicted": 10, "unwind_tables": 7,
+                          "unwind_rows": 1 << 20, "unwind_tables_evicted": 20, "unwind_tables_evicted_again": 3,
+                          "unwind_tables_reloaded": 5})
+    line = unwind_line(prof)
+    assert "7 file tables, 8 MiB in BPF, 20 evicted (3 of them again), 5 back when walks stopped at them" in line
+    assert "evicted 10" in line  # the walks that stopped at an evicted table
+    prof.counters.update({"unwind_tables_evicted_again": 0, "unwind_tables_reloaded": 0})
+    assert "again" not in unwind_line(prof) and "back when" not in unwind_line(prof)

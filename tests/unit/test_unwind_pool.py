@@ -21,6 +21,7 @@ from aiflame.agent.kernel.unwind import (
     MAX_PAGE_ROWS,
     PAGE_SHIFT,
     ROWS_EVICTED,
+    STOP_EVICTED,
     UnwindMap,
     UnwindProc,
     UnwindTables,
@@ -172,12 +173,26 @@ def test_eviction_unused_first_then_least_recent(files: Callable[[str], str]) ->
     assert p.rows(0, 4)[0][0] == 0x4000  # d's rows where a's were
     # BPF's rule cache is tagged by table id: the rows now d's must never answer for a's id
     assert p.proc(4)[0].table_id not in (0, a_id) and gone.table_id == 0
-    # Process 1 described again: a is loaded anew (the least recent, c, makes room) and counted again.
+    # Process 1 described again: a stays evicted (seeing a file mapped again does not load it: no churn) ...
     p.tables.add_process(1, [mapping(files("a"), 0x1000_0000)])
-    assert p.tables.stats.loaded == 5 and p.tables.stats.evicted == 3
+    assert p.tables.stats.loaded == 4 and p.proc(1)[0].first_row == ROWS_EVICTED and p.built == list("abcd")
+    # ... until a walk stops at it: then it is loaded anew (the least recent, c, makes room) and counted again.
+    p.tables.note_walk(1, (0x1000_0040,), STOP_EVICTED)
+    assert p.tables.catch_up() == 1 and p.tables.catch_up() == 0
+    assert p.tables.stats.loaded == 5 and p.tables.stats.evicted == 3 and p.tables.stats.reloaded == 1
+    assert p.tables.stats.evicted_again == 0
     assert p.proc(1)[0].nrows == 4 and p.proc(3)[0].first_row == ROWS_EVICTED
     assert p.proc(1)[0].table_id not in (a_id, p.proc(4)[0].table_id)  # loaded anew: a new id
     assert p.built == ["a", "b", "c", "d", "a"]
+    p.tables.add_process(5, [mapping(files("c"), 0x3000_0000)])  # c back on demand: d (never executed) goes
+    p.tables.note_walk(5, (0x3000_0040,), STOP_EVICTED)
+    assert p.tables.catch_up() == 1 and p.tables.stats.evicted_again == 0
+    assert p.proc(4)[0].first_row == ROWS_EVICTED
+    p.tables.note_walk(5, (0x3000_0040,), 1)  # c runs; then d is wanted back: a goes, a second time
+    p.tables.note_walk(4, (0x4000_0040,), STOP_EVICTED)
+    assert p.tables.catch_up() == 1 and p.tables.stats.evicted_again == 1
+    assert p.proc(1)[0].first_row == ROWS_EVICTED and p.proc(5)[0].nrows == 4
+    assert p.built == ["a", "b", "c", "d", "a", "c", "d"]
 
 
 def test_freed_neighbours_merge(files: Callable[[str], str]) -> None:
@@ -291,3 +306,54 @@ def test_an_index_that_never_fits_leaves_the_file_to_frame_pointers(files: Calla
     sparse_map, wide_map = p.proc(1)
     assert (sparse_map.nrows, sparse_map.page_shift, sparse_map.npages) == (2, 17, 9)  # 128 KiB pages
     assert wide_map.nrows == 0 and "do not fit" in p.tables.stats.errors[files("wide")]
+
+
+def test_executed_tables_are_kept_and_evicted_ones_come_back_on_demand(files: Callable[[str], str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # a torch process maps more CFI rows than the pool holds but runs a few of its files: the executed tables
+    # stay, those never executed make room, and a table that does not fit without evicting an executed one
+    # waits (as if evicted) for a walk to stop at it
+    names = "abcde"
+    p = make_pool(12, {n: table((R1,), 4, first_pc=0x1000 * (i + 1)) for i, n in enumerate(names)})
+    maps = [mapping(files(n), (i + 1) << 28) for i, n in enumerate(names)]
+    p.tables.add_process(1, maps[:3])  # a, b, c fill the pool
+    p.tables.note_walk(1, (0x1000_0010, 0x1000_0020, 0x3000_0010), 1)  # the walk went through a and c
+    p.tables.add_process(1, maps[:4])  # d is mapped: b (never executed) makes room, not a or c
+    starts = {m.start: m for m in p.proc(1)}
+    assert starts[2 << 28].first_row == ROWS_EVICTED and starts[4 << 28].nrows == 4
+    assert p.tables.stats.evicted == 1
+    p.tables.note_walk(1, (0x4000_0010,), 1)
+    p.tables.add_process(1, maps)  # e is mapped: a, c, d all executed: e is not loaded, nothing is evicted
+    starts = {m.start: m for m in p.proc(1)}
+    assert starts[5 << 28].first_row == ROWS_EVICTED and p.tables.stats.deferred == 1
+    assert p.tables.stats.evicted == 1 and p.built == list("abcde")
+    opened: list[str] = []
+    real_open = ElfFile.open
+
+    def counted_open(path: str) -> ElfFile:
+        opened.append(path)
+        return real_open(path)
+
+    monkeypatch.setattr(ElfFile, "open", staticmethod(counted_open))
+    for _ in range(3):  # described again and again (every library a process maps): no churn, no ELF opened
+        p.tables.add_process(1, maps)
+    assert p.tables.stats.evicted == 1 and p.tables.stats.loaded == 4 and opened == []
+    # a walk stops at e (the leaf frame in e, its table evicted): e comes back, the least recently executed
+    # table (a: its walk is the oldest) makes room, and every process mapping e is told
+    p.tables.note_walk(1, (0x3000_0010,), 1)
+    p.tables.note_walk(1, (0x4000_0010,), 1)
+    p.tables.add_process(2, [maps[4]])
+    p.tables.note_walk(1, (0x5000_0010, 0x3000_0020), STOP_EVICTED)  # stopped in the outermost frame's file
+    p.tables.note_walk(1, (0x5000_0010,), 1)  # a stop elsewhere wants nothing
+    assert p.tables.catch_up() == 0  # e's frame was not where the walk stopped: c's was, and c is loaded
+    p.tables.note_walk(1, (0x3000_0020, 0x5000_0010), STOP_EVICTED)
+    assert p.tables.catch_up() == 1
+    starts = {m.start: m for m in p.proc(1)}
+    assert starts[5 << 28].nrows == 4 and starts[1 << 28].first_row == ROWS_EVICTED
+    assert p.proc(2)[0].nrows == 4 and p.proc(2)[0].table_id == starts[5 << 28].table_id
+    assert p.tables.stats.reloaded == 1 and p.tables.stats.evicted == 2 and p.tables.stats.evicted_again == 0
+    # addresses outside every mapping, unknown pids and empty walks are ignored
+    p.tables.note_walk(1, (0x10, 0x9000_0000), STOP_EVICTED)
+    p.tables.note_walk(99, (0x1000_0010,), STOP_EVICTED)
+    p.tables.note_walk(1, (), STOP_EVICTED)
+    assert p.tables.catch_up() == 0
