@@ -206,7 +206,7 @@ struct uw_state {
     u32 why;    /* UW_STOP_* once done, | UW_USED_FP, UW_USED_SCAN */
     u32 calls;  /* tail calls of uw_step so far */
     u8 scan_ok;   /* the walk may scan the stack past code without CFI (samples; not launch stacks) */
-    u8 scan_now;  /* the step stopped at such code: scan before the next step (the UW_STOP_* it stopped with) */
+    u8 scan_now;  /* the step stopped at such code: scan before the next step */
     u8 scans;     /* scans done in this walk */
     u8 pad3;
     u32 target;   /* the sampled process's target flags (samples) */
@@ -503,11 +503,8 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
             u64 frame[2];
             if (bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
                 uw_read(st, &frame[0], bp) != 0 || uw_read(st, &frame[1], bp + 8) != 0) {
-                /* code without CFI, or a leaf outside every file mapping (JIT kernels such as oneDNN's in
-                 * anonymous memory): uw_scan looks for the return address; the reason is set there */
-                if ((fail == UW_STOP_NOT_COVERED || (fail == UW_STOP_NO_MAPPING && n == 1)) && st->scan_ok &&
-                    st->scans < UW_MAX_SCANS)
-                    st->scan_now = (u8)fail;
+                if (fail == UW_STOP_NOT_COVERED && st->scan_ok && st->scans < UW_MAX_SCANS)
+                    st->scan_now = 1;  /* uw_scan looks for the return address; the reason is set there */
                 else
                     st->why |= fail;
                 done = 1;
@@ -746,8 +743,8 @@ static __always_inline int uw_after_call(u64 ra) {
     return 0;
 }
 
-/* Tail-called when a walk reached code its file's CFI does not cover, or a leaf in no file mapping (JIT kernels),
- * and frame pointers failed (hand-written kernels such as MKL's, oneDNN's generated ones): the nearest word above sp that points into a mapped file just after a call instruction
+/* Tail-called when a walk reached code its file's CFI does not cover and frame pointers failed (hand-written
+ * kernels such as MKL's): the nearest word above sp that points into a mapped file just after a call instruction
  * is taken as the frame's return address (as crash unwinders do as a last resort); the walk goes on from there
  * (through more such code by more scans, up to UW_MAX_SCANS), and the sample says a frame was found so
  * (UW_USED_SCAN). */
@@ -757,7 +754,6 @@ int uw_scan(struct bpf_perf_event_data *ctx) {
     struct uw_state *st = uw_scratch.lookup(&zero);
     if (!rec || !st)
         return 0;
-    u32 fail = st->scan_now;  /* why the step stopped, if the scan finds nothing */
     st->scan_now = 0;
     st->scans++;
     u32 pid = rec->pid;
@@ -781,7 +777,7 @@ int uw_scan(struct bpf_perf_event_data *ctx) {
     if (found)
         uw_progs.call(ctx, UW_PROG_STEP);
     else
-        st->why |= fail;
+        st->why |= UW_STOP_NOT_COVERED;
     uw_sample_done(ctx, rec, st);
     return 0;
 }
