@@ -5,6 +5,7 @@ mappings (agent.process_table), Python code objects (agent.python), runtime call
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from aiflame.core.model import EventKind
 from aiflame.core.raw import Mapping, PyRuntimeInfo, RawSample
 from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
+DEFER_TABLES_BYTES = 64 << 20  # a file this large (libtorch, cuBLAS, NCCL) has its table built after a stop
 FIRST_COLLECTIVE = -1  # samples_from_ns: wait for the first collective call
 REMAP_MIN_S = 0.5  # re-read a process's maps at most this often when addresses fall outside them
 
@@ -117,8 +119,8 @@ class CapturePipeline:
         self.before_delay = 0  # samples left out so far
         self._procs: list[ProcEvent] = []
         self._env_ranked: set[int] = set()  # pids whose rank was read from their environment
-        # Mappings read while their target waited, stopped: their CFI tables are built after it is continued
-        # (end of drain), so a command's start-up never waits for table builds (~0.5 s for libtorch_cpu cold).
+        # Mappings read while their target waited, stopped: the tables of files over DEFER_TABLES_BYTES are built
+        # after it is continued (end of drain), so its start-up never waits for libtorch's (~0.5 s cold each)
         self._tables_due: dict[int, list[Mapping]] = {}
         self._in_stop = False
 
@@ -280,8 +282,11 @@ class CapturePipeline:
             self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
             writer.add_events([env])
         self.stats.pids = len(self.processes.snaps)
-        if self.sampler and self._in_stop:  # the CFI tables: built once the target runs again
-            self._tables_due[pid] = list(snap.mappings)
+        if self.sampler and self._in_stop:  # the large files' CFI tables: built once the target runs again
+            small = [m for m in snap.mappings if _file_bytes(pid, m.path) < DEFER_TABLES_BYTES]
+            if len(small) < len(snap.mappings):
+                self._tables_due[pid] = list(snap.mappings)
+            self.sampler.set_mappings(pid, small)
         elif self.sampler:  # a file seen first is built: up to ~0.5 s for libtorch
             self._tables_due.pop(pid, None)
             self.sampler.set_mappings(pid, snap.mappings)
@@ -347,3 +352,13 @@ class CapturePipeline:
     def _on_probe(self, rec: ProbeRecord) -> None:
         if self.probes:
             self.probes.on_record(rec)
+
+
+def _file_bytes(pid: int, path: str) -> int:
+    """The size of a mapped file as `pid` sees it (0 when it cannot be read: its table is built at once)."""
+    for p in (f"/proc/{pid}/root{path}", path):
+        try:
+            return os.stat(p).st_size
+        except OSError:
+            continue
+    return 0
