@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -378,7 +379,10 @@ def test_rank_event_of_a_live_process() -> None:
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
     with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
                           env=env) as child:
-        ev = rank_event(child.pid, 5)
+        # until the child has exec'd, /proc shows the environment it was forked with, not the one it was given
+        end = time.monotonic() + 60
+        while (ev := rank_event(child.pid, 5)) is None and time.monotonic() < end:
+            time.sleep(0.01)
         assert child.stdin is not None
         child.stdin.close()
     assert ev is not None and ev.args == {"rank": 1, "world_size": 2} and ev.pid == child.pid
