@@ -59,7 +59,7 @@ class Daemon(AgentProcess):
         assert r.returncode == 0, (r.stderr, self.text()[-3000:])
         return json.loads(r.stdout), time.monotonic() - t0
 
-    def watches(self, pid: int, timeout: float = 20) -> bool:
+    def watches(self, pid: int, timeout: float = 120) -> bool:  # a hang guard: the scan runs every 2 s
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             status, _ = self.status()
