@@ -67,9 +67,14 @@ def new_header(frequency_hz: int, event: str, argv: Sequence[str], target: str,
                meta: dict[str, str] | None = None) -> CaptureHeader:
     """The header of a capture that starts now on this host: format and aiflame versions, host, kernel and
     machine, and the start on both clocks (samples carry CLOCK_MONOTONIC times)."""
+    extra = dict(meta or {})
+    try:  # which boot of the host the monotonic times are of (captures of several hosts are joined by clock)
+        extra.setdefault("boot_id", Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    except OSError:
+        pass
     return CaptureHeader(
         FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(), frequency_hz,
-        event, time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC), list(argv), target, dict(meta or {}),
+        event, time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC), list(argv), target, extra,
     )
 
 

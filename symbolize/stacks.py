@@ -144,7 +144,10 @@ def symbolize_capture(
 
     prof = Profile(unit="samples", meta={"host": cap.header.host, "kernel": cap.header.kernel,
                                          "target": cap.header.target,
-                                         "frequency_hz": str(cap.header.frequency_hz)})
+                                         "frequency_hz": str(cap.header.frequency_hz),
+                                         # the clock pair and boot, to join captures of several hosts
+                                         "start_wall_ns": str(cap.header.start_wall_ns),
+                                         "boot_id": cap.header.meta.get("boot_id", "")})
     pynames = _PythonNames(cap)
     comms = {pid: idx.comm for pid, idx in index.items()}
     kcache: dict[int, Frame] = {}

@@ -113,3 +113,21 @@ def test_a_planted_link_is_not_an_earlier_capture(tmp_path: Path, capsys: pytest
     with pytest.raises(BadInput, match=r"already holds a capture \(profile.aiflame.partial\)"):
         _check_out_dir(tmp_path, force=False)
     _check_out_dir(tmp_path, force=True)
+
+
+def test_export_joins_several_captures(capture: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Two hosts' captures (here the same one twice, in a directory too) exported as one job: both hosts'
+    samples, the second's clock move said on stderr; a directory without captures is refused in one line."""
+    other = tmp_path / "node1" / "profile.aiflame"
+    other.parent.mkdir()
+    other.write_bytes(capture.read_bytes())
+    out = tmp_path / "job.folded"
+    assert main(["export", str(capture), str(tmp_path / "node1"), "-f", "folded", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "node1/profile.aiflame: clock +0.000 ms" in err and "from 0 collectives" in err, err
+    lines = out.read_text().splitlines()
+    assert lines and sum(int(line.rsplit(" ", 1)[1]) for line in lines) == 24  # 12 samples from each
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(tmp_path / "empty"), "-f", "folded", "-o", str(out)]) == 2
+    _one_error_line(capsys.readouterr().err, "no .aiflame captures in this directory")
