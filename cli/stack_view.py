@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,3 +74,36 @@ def load_profile(path: Path, options: StackOptions | None = None, view: str = "c
     except UnicodeDecodeError:
         raise CaptureError(f"{path}: neither an aiflame capture nor a folded-stacks file") from None
     return parse_folded(text)
+
+
+def capture_files(paths: Sequence[Path]) -> list[Path]:
+    """The captures named: files as given, a directory as the .aiflame files under it (sorted)."""
+    from aiflame.cli.commands import UsageError
+
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(p.rglob("*.aiflame"))
+            if not found:
+                raise UsageError(f"{p}: no .aiflame captures in this directory")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def load_job(captures: Sequence[Path], load: Callable[[Path], Profile]) -> Profile:
+    """One capture loaded, or several (one per host of a job) joined on the first one's clock; how each host's
+    clock moved, and the ranks missing, go to stderr."""
+    if len(captures) == 1:
+        return load(captures[0])
+    from aiflame.cli.commands import warn
+    from aiflame.exporters.job_join import join
+
+    done = join([str(c) for c in captures], [load(c) for c in captures])
+    for c in done.clocks[1:]:
+        warn(f"{c.name}: clock {c.clock_ns / 1e6:+.3f} ms from the hosts' realtime clocks, then "
+             f"{c.residual_ns / 1e3:+.1f} µs from {c.matched} collectives")
+    for note in done.notes:
+        warn(note)
+    return done.profile

@@ -9,8 +9,7 @@ from rich.console import Console
 
 from aiflame.cli.commands import UsageError, warn
 from aiflame.cli.output import check_output, is_stdout, write_output
-from aiflame.cli.stack_view import add_view_options, load_view
-from aiflame.core.model import Profile
+from aiflame.cli.stack_view import add_view_options, capture_files, load_job, load_view
 from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
 
 NAME = "export"
@@ -48,10 +47,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(cls, args.output)
     exporter = get_exporter(cls.name, **parse_option_values(cls, args.opt))
     captures = capture_files(args.capture)
-    if len(captures) == 1:
-        prof = load_view(captures[0], args)
-    else:
-        prof = joined_view(captures, args)
+    prof = load_job(captures, lambda path: load_view(path, args))
     if args.obfuscate:
         from aiflame.exporters.obfuscate import Obfuscator, default_key_path, load_key
 
@@ -64,29 +60,3 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"wrote {out.path} ({out.summary})", highlight=False)
     return 0
 
-
-def capture_files(paths: list[Path]) -> list[Path]:
-    """The captures named: files as given, a directory as the .aiflame files under it (sorted)."""
-    out: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            found = sorted(p.rglob("*.aiflame"))
-            if not found:
-                raise UsageError(f"{p}: no .aiflame captures in this directory")
-            out += found
-        else:
-            out.append(p)
-    return out
-
-
-def joined_view(captures: list[Path], args: argparse.Namespace) -> Profile:
-    """Captures of one job's hosts as one profile on the first one's clock; how each clock moved on stderr."""
-    from aiflame.exporters.job_join import join
-
-    done = join([str(c) for c in captures], [load_view(c, args) for c in captures])
-    for c in done.clocks[1:]:
-        warn(f"{c.name}: clock {c.clock_ns / 1e6:+.3f} ms from the hosts' realtime clocks, then "
-             f"{c.residual_ns / 1e3:+.1f} µs from {c.matched} collectives")
-    for note in done.notes:
-        warn(note)
-    return done.profile

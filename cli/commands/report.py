@@ -36,7 +36,8 @@ class ReportError(BadInput):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     kinds = p.add_subparsers(dest="report", metavar="REPORT", required=True)
     c = kinds.add_parser("comm", help="collectives per rank: calls, bytes, time; flags imbalance; plots sizes")
-    c.add_argument("capture", type=Path, help="a .aiflame capture of a multi-rank job")
+    c.add_argument("capture", type=Path, nargs="+",
+                   help="a .aiflame capture of a multi-rank job; several (or a directory), one per host: one job")
     c.add_argument("--threshold", type=float, default=0.1,
                    help="flag a rank whose bytes differ from the median rank's by more than this fraction (0.1)")
     c.add_argument("--time-threshold", type=float, default=0.5,
@@ -53,17 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiflame.cli.stack_view import load_profile
+    from aiflame.cli.stack_view import capture_files, load_job, load_profile
 
     if args.report == "sim":
         report_sim(load_profile(args.capture), args.sim_log, Console())
         return 0
     if args.threshold < 0 or args.time_threshold < 0 or args.min_time_ms < 0:
         raise UsageError("thresholds must be >= 0")
-    prof = load_profile(args.capture)  # a capture, never a folded file
-    plot = None if args.no_plot else (args.plot or CommPlotExporter.output_path(args.capture.with_suffix("")))
+    captures = capture_files(args.capture)
+    prof = load_job(captures, load_profile)  # captures, never a folded file
+    plot = None if args.no_plot else (args.plot or CommPlotExporter.output_path(captures[0].with_suffix("")))
     report_comm(prof, Console(), args.threshold, args.time_threshold, plot,
-                title=f"Collective bytes per rank: {prof.meta.get('target', args.capture.name)}",
+                title=f"Collective bytes per rank: {prof.meta.get('target', captures[0].name)}",
                 min_time_ms=args.min_time_ms)
     return 0
 
