@@ -25,6 +25,7 @@ BENCHES = [
     ["gpu_host.py", "--device", "cpu", "--small", "--seconds", "8", "--rounds", "2"],  # the CPU side, as a proxy
     ["start_time.py"],
     ["perfetto_size.py", "--seconds", "5,20"],
+    ["join_scale.py"],
 ]
 
 
