@@ -5,7 +5,6 @@ mappings (agent.process_table), Python code objects (agent.python), runtime call
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,10 +20,9 @@ from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import ProbeManager
 from aiflame.core.capture import CaptureWriter
 from aiflame.core.model import EventKind
-from aiflame.core.raw import Mapping, PyRuntimeInfo, RawSample
+from aiflame.core.raw import PyRuntimeInfo, RawSample
 from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
-DEFER_TABLES_BYTES = 64 << 20  # a file this large (libtorch, cuBLAS, NCCL) has its table built after a stop
 FIRST_COLLECTIVE = -1  # samples_from_ns: wait for the first collective call
 REMAP_MIN_S = 0.5  # re-read a process's maps at most this often when addresses fall outside them
 
@@ -119,10 +117,6 @@ class CapturePipeline:
         self.before_delay = 0  # samples left out so far
         self._procs: list[ProcEvent] = []
         self._env_ranked: set[int] = set()  # pids whose rank was read from their environment
-        # Mappings read while their target waited, stopped: the tables of files over DEFER_TABLES_BYTES are built
-        # after it is continued (end of drain), so its start-up never waits for libtorch's (~0.5 s cold each)
-        self._tables_due: dict[int, list[Mapping]] = {}
-        self._in_stop = False
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -180,7 +174,6 @@ class CapturePipeline:
         sampler, writer = self.sampler, self.writer
         assert sampler is not None and writer is not None
         sampler.poll()
-        self.build_due_tables()
         sampler.catch_up_tables()  # tables walks stopped at since they were evicted
         exited = []
         for ev in self._procs:
@@ -282,20 +275,13 @@ class CapturePipeline:
             self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
             writer.add_events([env])
         self.stats.pids = len(self.processes.snaps)
-        if self.sampler and self._in_stop:  # the large files' CFI tables: built once the target runs again
-            small = [m for m in snap.mappings if _file_bytes(pid, m.path) < DEFER_TABLES_BYTES]
-            if len(small) < len(snap.mappings):
-                self._tables_due[pid] = list(snap.mappings)
-            self.sampler.set_mappings(pid, small)
-        elif self.sampler:  # a file seen first is built: up to ~0.5 s for libtorch
-            self._tables_due.pop(pid, None)
+        if self.sampler:  # the CFI tables (a file seen first is built: up to ~0.5 s for libtorch)
             self.sampler.set_mappings(pid, snap.mappings)
         if self.probes:
             self.probes.consider_process(pid, [m.path for m in snap.mappings])
 
     def forget(self, pid: int) -> None:
         """Everything kept about a process that is gone (BPF map entries, fds, per-pid tables)."""
-        self._tables_due.pop(pid, None)
         if self.sampler is not None:
             self.sampler.clear_python(pid)
         self.python.forget(pid)
@@ -319,25 +305,13 @@ class CapturePipeline:
             self.sampler.set_python(pid, proc_rec(target))
             self.writer.add_py_runtime(info)
 
-    def build_due_tables(self) -> None:
-        """The CFI tables of the mappings read while their targets were stopped (they run again by now)."""
-        due, self._tables_due = self._tables_due, {}
-        if self.sampler:
-            for pid, mappings in due.items():
-                self.sampler.set_mappings(pid, mappings)
-
     def _on_target_stop(self, pid: int) -> None:
-        """A target waits, stopped, at a library open or at exit: read its mappings now if they changed (their
-        CFI tables are built after it is continued)."""
+        """A target waits, stopped, at a library open or at exit: read its mappings now if they changed."""
         writer = self.writer
         if writer is None:
             return
         if not self.processes.unchanged(pid):
-            self._in_stop = True
-            try:
-                self.snapshot(pid)
-            finally:
-                self._in_stop = False
+            self.snapshot(pid)
         # The library being opened is mapped only after this stop: the first sample that runs in it must read
         # the maps again at once (the last library the loader opens, libc, would otherwise stay unknown to the
         # CFI unwinder for the first half second of every command).
@@ -352,13 +326,3 @@ class CapturePipeline:
     def _on_probe(self, rec: ProbeRecord) -> None:
         if self.probes:
             self.probes.on_record(rec)
-
-
-def _file_bytes(pid: int, path: str) -> int:
-    """The size of a mapped file as `pid` sees it (0 when it cannot be read: its table is built at once)."""
-    for p in (f"/proc/{pid}/root{path}", path):
-        try:
-            return os.stat(p).st_size
-        except OSError:
-            continue
-    return 0
