@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiflame.agent.procmaps import read_maps
-from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python
+from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python, tstate_tid
 from aiflame.core.errors import BadInput, TargetGone
 from aiflame.core.model import Frame, FrameKind
 from aiflame.core.python_layouts import PyLayout
@@ -331,11 +331,7 @@ def _python_threads(mem: ProcessMemory, t: PyTarget) -> dict[int, int]:
     seen: set[int] = set()
     while ts and len(seen) < MAX_THREADS and ts not in seen:
         seen.add(ts)
-        if lay.tstate_native_thread_id >= 0:
-            tid = mem.u64(ts + lay.tstate_native_thread_id)
-        else:
-            pt = mem.u64(ts + lay.tstate_thread_id)
-            tid = int.from_bytes(mem.read(pt + t.tid_offset, 4), "little") if pt else 0
+        tid = tstate_tid(mem, ts, lay, t.tid_offset)
         if tid:
             out.setdefault(tid, ts)
         ts = mem.u64(ts + lay.tstate_next)

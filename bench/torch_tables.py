@@ -46,6 +46,22 @@ def _eh_frame_bytes(path: str) -> int:
         return sec.size if sec is not None else 0
 
 
+
+def _measure(path: str, open_path: str, cache: str) -> dict[str, Any]:
+    """One file's table built the agent's way (through `open_path`): rows, pool bytes, index entries, build time."""
+    t0 = time.perf_counter()
+    try:
+        table = load_or_build(open_path, cache_dir=cache)
+        err = ""
+    except Exception as e:  # noqa: BLE001 - a bench reports every failure and goes on
+        table, err = None, str(e)
+    build_s = time.perf_counter() - t0
+    n = len(table) if table is not None else 0
+    paged = page_index(table.rows) if table is not None and n else None
+    return {"file": os.path.basename(path), "path": path, "eh_frame_bytes": _eh_frame_bytes(open_path), "rows": n,
+            "pool_bytes": 8 * n, "index_entries": len(paged[2]) if paged else 0,
+            "rules": len(table.rules) if table is not None else 0, "build_s": build_s, "error": err}
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", default=sys.executable, help="the Python whose torch is measured")
@@ -66,34 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows: list[dict[str, Any]] = []
         with tempfile.TemporaryDirectory(prefix="aiflame-cfi-") as cache:
             for path, (lo, hi) in files.items():
-                fd_path = f"/proc/{child.pid}/map_files/{lo:x}-{hi:x}"
-                t0 = time.perf_counter()
-                try:
-                    table = load_or_build(fd_path, cache_dir=cache)
-                    err = ""
-                except Exception as e:  # noqa: BLE001 - a bench reports every failure and goes on
-                    table, err = None, str(e)
-                build_s = time.perf_counter() - t0
-                n = len(table) if table is not None else 0
-                paged = page_index(table.rows) if table is not None and n else None
-                rows.append({"file": os.path.basename(path), "path": path, "eh_frame_bytes": _eh_frame_bytes(fd_path),
-                             "rows": n, "pool_bytes": 8 * n, "index_entries": len(paged[2]) if paged else 0,
-                             "rules": len(table.rules) if table is not None else 0, "build_s": build_s,
-                             "error": err})
+                rows.append(_measure(path, f"/proc/{child.pid}/map_files/{lo:x}-{hi:x}", cache))
             for path in a.extra:
-                t0 = time.perf_counter()
-                try:
-                    table = load_or_build(path, cache_dir=cache)
-                    err = ""
-                except Exception as e:  # noqa: BLE001 - a bench reports every failure and goes on
-                    table, err = None, str(e)
-                n = len(table) if table is not None else 0
-                paged = page_index(table.rows) if table is not None and n else None
-                rows.append({"file": os.path.basename(path) + " (not mapped)", "path": path,
-                             "eh_frame_bytes": _eh_frame_bytes(path), "rows": n, "pool_bytes": 8 * n,
-                             "index_entries": len(paged[2]) if paged else 0,
-                             "rules": len(table.rules) if table is not None else 0,
-                             "build_s": time.perf_counter() - t0, "error": err, "mapped": False})
+                rows.append(_measure(path, path, cache) | {"file": os.path.basename(path) + " (not mapped)",
+                                                           "mapped": False})
     finally:
         child.kill()
         child.wait()

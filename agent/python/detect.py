@@ -346,14 +346,19 @@ def python_threads(target: PyTarget, mem: ProcessMemory) -> dict[int, int]:
     except _CheckFailed:
         return out
     for ts in states:
-        if lay.tstate_native_thread_id >= 0:
-            tid = mem.u64(ts + lay.tstate_native_thread_id)
-        else:
-            pt = mem.u64(ts + lay.tstate_thread_id)
-            tid = int.from_bytes(mem.read(pt + target.tid_offset, 4), "little") if pt else 0
+        tid = tstate_tid(mem, ts, lay, target.tid_offset)
         if tid:
             out[tid] = ts
     return out
+
+
+def tstate_tid(mem: ProcessMemory, ts: int, lay: PyLayout, tid_offset: int) -> int:
+    """The kernel thread id of thread state `ts` (0 when unknown): its native_thread_id where the version has one,
+    else read from its pthread at `tid_offset`."""
+    if lay.tstate_native_thread_id >= 0:
+        return mem.u64(ts + lay.tstate_native_thread_id)
+    pt = mem.u64(ts + lay.tstate_thread_id)
+    return int.from_bytes(mem.read(pt + tid_offset, 4), "little") if pt else 0
 
 
 def read_python_stack(mem: ProcessMemory, tstate: int, layout: PyLayout) -> list[tuple[int, int]]:
