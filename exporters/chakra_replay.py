@@ -6,6 +6,7 @@ dependency orders (9).
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +21,23 @@ def _replay(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
     if any(any(not d <= known[r].keys() for d in deps[r].values()) for r in ranks):
         return  # rule 4 broken: the simulator stops at load
     done: dict[int, set[int]] = {r: set() for r in ranks}
-    issued: dict[int, set[int]] = {r: set() for r in ranks}
+    # each rank's nodes whose dependencies are all done and that are not issued yet, lowest id first (a heap);
+    # a node becomes ready when its last dependency finishes, so a pass never rescans the nodes still waiting
+    waiting = {r: {nid: len(d) for nid, d in deps[r].items()} for r in ranks}
+    users: dict[int, dict[int, list[int]]] = {r: defaultdict(list) for r in ranks}
+    for r in ranks:
+        for nid, d in deps[r].items():
+            for dep in d:
+                users[r][dep].append(nid)
+    ready = {r: sorted(nid for nid, w in waiting[r].items() if w == 0) for r in ranks}
+
+    def finish(r: int, nid: int) -> None:
+        done[r].add(nid)
+        for u in users[r].pop(nid, ()):
+            waiting[r][u] -= 1
+            if waiting[r][u] == 0:
+                heapq.heappush(ready[r], u)
+
     colls: dict[int, list[tuple[int, int, int, int]]] = {r: [] for r in ranks}  # (id, type, size) in issue order
     arrived: dict[int, dict[int, Any]] = defaultdict(dict)  # k -> rank -> node
     queue: dict[tuple[int, int, int], deque[tuple[int, int]]] = defaultdict(deque)  # (src,dst,tag) -> (size, id)
@@ -30,11 +47,18 @@ def _replay(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
     progress = True
     while progress:
         progress = False
-        for r, rk in ranks.items():
-            for n in sorted(rk.nodes, key=lambda x: x.id):
-                if n.id in issued[r] or not deps[r][n.id] <= done[r]:
+        for r in ranks:
+            # in id order, as a scan of the sorted nodes would: one made ready during the pass by a node with a
+            # higher id waits for the next pass
+            later: list[int] = []
+            last = -1
+            while ready[r]:
+                nid = heapq.heappop(ready[r])
+                if nid < last:
+                    later.append(nid)
                     continue
-                issued[r].add(n.id)
+                last = nid
+                n = known[r][nid]
                 progress = True
                 a = _attrs(n)
                 if n.type == COLL:
@@ -44,11 +68,13 @@ def _replay(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
                 elif n.type == SEND:
                     key = (r, _int_value(a, "comm_dst") or 0, _int_value(a, "comm_tag") or 0)
                     queue[key].append((_int_value(a, "comm_size") or 0, n.id))
-                    done[r].add(n.id)
+                    finish(r, n.id)
                 elif n.type == RECV:
                     receiving[r].append(n)
                 else:
-                    done[r].add(n.id)
+                    finish(r, n.id)
+            for nid in later:
+                heapq.heappush(ready[r], nid)
         for r in ranks:
             for n in list(receiving[r]):
                 a = _attrs(n)
@@ -66,7 +92,7 @@ def _replay(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
                     continue
                 queue[key].popleft()
                 receiving[r].remove(n)
-                done[r].add(n.id)
+                finish(r, n.id)
                 progress = True
         for k in sorted(arrived):
             parts = arrived[k]
@@ -84,7 +110,7 @@ def _replay(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
                                             "match, the ranks hang", tuple(sorted({n.id for n in parts.values()}))))
                 continue
             for r, n in parts.items():
-                done[r].add(n.id)
+                finish(r, n.id)
             del arrived[k]
             progress = True
     problems += mismatch
