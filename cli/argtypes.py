@@ -50,3 +50,20 @@ def int_range(lo: int, hi: int) -> Callable[[str], int]:
         return v
 
     return parse
+
+
+def wall_time(text: str) -> int:
+    """An instant as ns since the epoch: ISO 8601 with a zone (2026-11-28T09:00:00Z, +01:00), or epoch seconds."""
+    import datetime
+
+    try:
+        return round(float(text) * 1e9)
+    except ValueError:
+        pass
+    try:
+        t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601 with a zone, or epoch seconds)") from None
+    if t.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +HH:MM: every node must agree)")
+    return round(t.timestamp() * 1e9)

@@ -26,6 +26,8 @@ from aiflame.agent.procs import alive
 log = logging.getLogger("aiflame.daemon")
 
 ANSWER_GRACE_S = 120.0  # a client waits this much beyond the capture's duration for its answer
+MAX_AT_S = 24 * 3600.0  # how far ahead `trigger --at` may name its start
+AT_SLEEP_S = 0.25  # a start this close is slept for in the main loop, to the instant (its ticks are 0.1 s apart)
 
 
 class CaptureSource(Protocol):
@@ -65,6 +67,7 @@ class Capture:
     compiled: threading.Event = field(default_factory=threading.Event)
     partial: Path | None = None
     deadline: float = 0.0
+    started_wall_ns: int = 0  # CLOCK_REALTIME when the window opened
 
     @property
     def name(self) -> str:
@@ -123,13 +126,20 @@ class Captures:
             for pid in pids:
                 if not self._exists(pid):
                     return Response(False, f"no such process: {pid}")
+        ahead = 0.0
+        if req.at_wall_ns is not None:
+            ahead = (req.at_wall_ns - time.time_ns()) / 1e9
+            if ahead < 0:
+                return Response(False, f"the start asked for passed {-ahead:.3f} s ago (--at names a time to come)")
+            if ahead > MAX_AT_S:
+                return Response(False, f"the start asked for is {ahead:.0f} s ahead (at most {MAX_AT_S:.0f} s)")
         if self._current is not None or not self._queue.empty():
             return Response(False, "busy: another capture is running; try again when it is done")
         self._seq += 1
         c = Capture(self._seq, req, pids, duration, freq)
         self._queue.put(c)
         self._wake()
-        if not c.done.wait(duration + ANSWER_GRACE_S):
+        if not c.done.wait(ahead + duration + ANSWER_GRACE_S):
             return Response(False, "the capture did not finish in time")
         assert c.reply is not None
         return c.reply
@@ -152,6 +162,12 @@ class Captures:
             self._answer(c, Response(False, f"cannot start the capture: {c.compile_error}"))
             return
         if c.partial is None:
+            if c.req.at_wall_ns is not None:  # loaded first, then started at the instant named (trigger --at)
+                wait = (c.req.at_wall_ns - time.time_ns()) / 1e9
+                if wait > AT_SLEEP_S:
+                    return
+                if wait > 0:
+                    time.sleep(wait)
             self._begin(c)
             return
         c.collector.tick(0)
@@ -179,6 +195,7 @@ class Captures:
 
     def _begin(self, c: Capture) -> None:
         assert c.collector is not None
+        c.started_wall_ns = time.time_ns()
         c.partial = self.out.new_capture(time.time(), c.seq)
         c.collector.open_window(c.partial / "profile.aiflame", target="pids " + ",".join(map(str, c.pids)))
         for pid in c.pids:
@@ -211,7 +228,7 @@ class Captures:
             self._answer(c, Response(True, data={
                 "dir": str(final), "capture": str(final / "profile.aiflame"), "files": [str(f) for f in files],
                 "samples": result.samples, "events": result.events, "lost": result.counters.get("lost", 0),
-                "pids": c.pids, "stop_reason": reason, "notes": notes,
+                "pids": c.pids, "stop_reason": reason, "notes": notes, "started_ns": c.started_wall_ns,
             }))
 
         self.exports.submit(ExportJob(c.partial, formats, f"aiflame capture {c.name}", done=done), block=True)

@@ -34,6 +34,7 @@ class TriggerRequest:
     duration_s: float | None = None  # None: the daemon's default
     frequency: int | None = None
     chakra: bool = False
+    at_wall_ns: int | None = None  # start the window at this CLOCK_REALTIME instant (every node of a job alike)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def parse_request(line: bytes) -> Request:
             raise ProtocolError("count must be an integer from 1 to 100")
         return LatestRequest(count)
     if op == "trigger":
-        _expect(obj, {"op", "v", "pids", "all", "duration_s", "frequency", "chakra"})
+        _expect(obj, {"op", "v", "pids", "all", "duration_s", "frequency", "chakra", "at_ns"})
         pids = obj.get("pids", [])
         if not isinstance(pids, list) or len(pids) > MAX_PIDS or not all(
                 isinstance(p, int) and not isinstance(p, bool) and 0 < p < 1 << 22 for p in pids):
@@ -108,7 +109,10 @@ def parse_request(line: bytes) -> Request:
         freq = obj.get("frequency")
         if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
             raise ProtocolError("frequency must be a positive integer")
-        return TriggerRequest(tuple(sorted(set(pids))), all_targets, duration, freq, chakra)
+        at = obj.get("at_ns")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int) or not 0 < at < 1 << 63):
+            raise ProtocolError("at_ns must be a positive integer (ns since the epoch)")
+        return TriggerRequest(tuple(sorted(set(pids))), all_targets, duration, freq, chakra, at)
     raise ProtocolError(f"unknown op {op!r} (known: status, trigger, latest)")
 
 
@@ -127,6 +131,8 @@ def encode_request(req: Request) -> bytes:
             obj["duration_s"] = req.duration_s
         if req.frequency is not None:
             obj["frequency"] = req.frequency
+        if req.at_wall_ns is not None:
+            obj["at_ns"] = req.at_wall_ns
     obj["v"] = PROTOCOL_VERSION
     return json.dumps(obj).encode() + b"\n"
 

@@ -155,3 +155,22 @@ def test_start_up_loads_no_symbolizer_capture_reader_or_bpf() -> None:
              "aiflame.symbolize.native", "aiflame.core.capture", "aiflame.agent.daemon.server",
              "aiflame.agent.daemon.top", "google.protobuf", "bcc"}
     assert not heavy & loaded
+
+
+@pytest.mark.parametrize(("text", "ns"), [
+    ("2026-11-28T09:00:00Z", 1_795_856_400_000_000_000),
+    ("2026-11-28T10:00:00+01:00", 1_795_856_400_000_000_000),
+    ("1795856400.5", 1_795_856_400_500_000_000),
+])
+def test_trigger_at_reads_a_time_every_node_agrees_on(text: str, ns: int) -> None:
+    from aiflame.cli.argtypes import wall_time
+
+    assert wall_time(text) == ns
+
+
+@pytest.mark.parametrize(("text", "why"), [("2026-11-28T09:00:00", "has no time zone"), ("soon", "not a time")])
+def test_trigger_at_refuses_a_time_nodes_could_read_differently(text: str, why: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trigger", "--all", "--at", text]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why in err, err

@@ -185,3 +185,18 @@ def test_queued_captures_fail_when_the_daemon_stops(tmp_path: Path, steps: int) 
     h.caps.fail_queued("the daemon is stopping")
     client.join(5)
     assert got[0].error in ("the daemon is stopping", "capture cancelled: stopping")
+
+
+def test_a_capture_at_a_time_starts_then(tmp_path: Path) -> None:
+    """trigger --at: the sampler is loaded at once, the window opens at the instant named (never before; after it by
+    no more than the main loop's own delay, bounded loosely here: the tight figure is a bench's); the reply says
+    when it opened. A time passed or more than a day ahead is refused."""
+    h = Harness(tmp_path)
+    at = time.time_ns() + 400_000_000
+    resp = h.run(TriggerRequest((os.getpid(),), duration_s=0.2, at_wall_ns=at))
+    assert resp.ok, resp.error
+    started = resp.data["started_ns"]
+    assert isinstance(started, int) and at <= started < at + 1_000_000_000, (started - at) / 1e6
+    caps = h.caps
+    assert "passed" in caps.request(TriggerRequest((1,), at_wall_ns=time.time_ns() - 10**9)).error
+    assert "at most 86400 s" in caps.request(TriggerRequest((1,), at_wall_ns=time.time_ns() + 2 * 86400 * 10**9)).error

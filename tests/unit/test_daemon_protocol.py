@@ -28,6 +28,7 @@ from aiflame.agent.daemon.protocol import (
 @pytest.mark.parametrize("req", [
     StatusRequest(), LatestRequest(3), TriggerRequest((12, 40)), TriggerRequest(all_targets=True, duration_s=2.5,
                                                                               frequency=499, chakra=True),
+    TriggerRequest((7,), at_wall_ns=1_790_000_000_123_456_789),
 ])
 def test_round_trip(req: object) -> None:
     assert parse_request(encode_request(req).rstrip(b"\n")) == req  # type: ignore[arg-type]
@@ -50,6 +51,8 @@ def test_response_round_trip() -> None:
     (b'{"op": "trigger", "all": true, "duration_s": -1}', "duration_s must be > 0"),
     (b'{"op": "trigger", "all": true, "duration_s": "10"}', "duration_s must be a number"),
     (b'{"op": "trigger", "all": true, "frequency": 1.5}', "frequency must be a positive integer"),
+    (b'{"op": "trigger", "all": true, "at_ns": "soon"}', "at_ns must be a positive integer"),
+    (b'{"op": "trigger", "all": true, "at_ns": -5}', "at_ns must be a positive integer"),
     (b'{"op": "status", "v": 9}', "unsupported protocol version"),
     (b'{"op": "latest", "count": 0}', "count must be an integer"),
     (b"{" * 70000, "request too large"),
