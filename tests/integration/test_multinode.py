@@ -89,8 +89,8 @@ def test_two_nodes_join_into_one_four_rank_job(nodes: list[tuple[str, str, str]]
     assert len(first) >= STEPS and all(c == first for c in colls.values())  # identical collectives on every rank
 
     report = aiflame("report", "comm", *captures, "--no-plot").stdout
-    for r in range(4):
-        assert re.search(rf"│ allreduce\s+│\s+{r} │", report), report
+    for rank in range(4):
+        assert re.search(rf"│ allreduce\s+│\s+{rank} │", report), report
     aiflame("export", *captures, "-f", "perfetto", "-o", str(tmp_path / "job.pftrace"))
     _, tracks, info, _ = read_pftrace((tmp_path / "job.pftrace").read_bytes())
     assert sorted(t["name"] for t in tracks.values() if t["name"].startswith("rank ")) == \

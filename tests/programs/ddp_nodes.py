@@ -23,7 +23,7 @@ def main() -> int:
         x, y = torch.randn(64, 128), torch.randint(0, 10, (64,))
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         dist.all_reduce(loss.detach())
     dist.barrier()
