@@ -55,24 +55,22 @@ def _ints(meta: dict[str, str], key: str) -> int | None:
         return None
 
 
-def _collective_ends(prof: Profile) -> dict[tuple[int, int], int]:
-    """(rank, its k-th collective) -> end time, for every rank's collectives in call order."""
+def _collective_ends(prof: Profile) -> dict[int, int]:
+    """k -> the median end time of every rank's k-th collective (each rank's in call order)."""
     per_rank: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for e in prof.events:
         if e.kind == EventKind.COLLECTIVE and e.rank >= 0 and e.duration_ns > 0:
             per_rank[e.rank].append((e.start_ns, e.start_ns + e.duration_ns))
-    return {(r, k): end for r, calls in per_rank.items() for k, (_, end) in enumerate(sorted(calls))}
-
-
-def _residual(ref: Profile, other: Profile) -> tuple[int, int]:
-    """The median over collectives k of (the reference ranks' median end of k) - (the other's), and how many."""
-    def by_k(prof: Profile) -> dict[int, int]:
-        ends: dict[int, list[int]] = defaultdict(list)
-        for (_, k), end in _collective_ends(prof).items():
+    ends: dict[int, list[int]] = defaultdict(list)
+    for calls in per_rank.values():
+        for k, (_, end) in enumerate(sorted(calls)):
             ends[k].append(end)
-        return {k: int(statistics.median(v)) for k, v in ends.items()}
+    return {k: int(statistics.median(v)) for k, v in ends.items()}
 
-    a, b = by_k(ref), by_k(other)
+
+def _residual(a: dict[int, int], b: dict[int, int]) -> tuple[int, int]:
+    """The median over collectives k of a[k] - b[k] (the two hosts' median ends of their k-th collective), and
+    over how many."""
     diffs = [a[k] - b[k] for k in a.keys() & b.keys()]
     return (int(statistics.median(diffs)), len(diffs)) if diffs else (0, 0)
 
@@ -90,8 +88,8 @@ def _shift(prof: Profile, delta: int, pid_add: int) -> Profile:
     )
 
 
-def _ranks(names: Sequence[str], profiles: Sequence[Profile]) -> tuple[list[str], int]:
-    """Notes on missing ranks, and the world size; JoinError for a rank in two captures."""
+def _ranks(names: Sequence[str], profiles: Sequence[Profile]) -> list[str]:
+    """Notes on the ranks of the world size in none of the captures; JoinError for a rank in two captures."""
     owner: dict[int, str] = {}
     world = 0
     for name, prof in zip(names, profiles, strict=True):
@@ -103,15 +101,14 @@ def _ranks(names: Sequence[str], profiles: Sequence[Profile]) -> tuple[list[str]
             w = e.args.get("world_size")
             if isinstance(w, int) and w > world:
                 world = w
-    return [f"rank {r} is in none of the captures (world size {world})" for r in range(world) if r not in owner], \
-        world
+    return [f"rank {r} is in none of the captures (world size {world})" for r in range(world) if r not in owner]
 
 
 def join(names: Sequence[str], profiles: Sequence[Profile]) -> Joined:
     """The captures `profiles` (named `names`, one per host) as one job on the first one's clock."""
     if len(profiles) < 2:
         return Joined(profiles[0] if profiles else Profile())
-    notes, _ = _ranks(names, profiles)
+    notes = _ranks(names, profiles)
     ref = profiles[0]
     ref_wall = _ints(ref.meta, "start_wall_ns")
     seen_pids: set[int] = set()
@@ -128,12 +125,13 @@ def join(names: Sequence[str], profiles: Sequence[Profile]) -> Joined:
         pids = {s.pid for s in prof.samples} | {e.pid for e in prof.events}
         pid_add = i * PID_SPAN if pids & seen_pids else 0
         seen_pids |= {p + pid_add for p in pids}
-        moved = _shift(prof, clock.clock_ns, pid_add)
-        if i:
-            clock.residual_ns, clock.matched = _residual(shifted[0], moved)
-            if clock.residual_ns:
-                moved = _shift(moved, clock.residual_ns, 0)
-        shifted.append(moved)
+        coll_ends = _collective_ends(prof)
+        if not i:
+            ref_ends = coll_ends
+        else:
+            clock.residual_ns, clock.matched = _residual(ref_ends, {k: t + clock.clock_ns
+                                                                    for k, t in coll_ends.items()})
+        shifted.append(_shift(prof, clock.clock_ns + clock.residual_ns, pid_add))
         clocks.append(clock)
         if prof.meta.get("boot_id") and i and prof.meta.get("boot_id") == ref.meta.get("boot_id") and \
                 clock.host == clocks[0].host:

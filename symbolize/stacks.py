@@ -319,7 +319,8 @@ class _PythonNames:
         if python_only:
             return trunc + [name(f) for run in runs for f in run]
         # the CFI walker's own word on whether it reached the outermost frame; other walks are judged by name
-        complete = stop_of(s.unwind) == UNWIND_END if stop_of(s.unwind) else None
+        stop = stop_of(s.unwind)
+        complete = stop == UNWIND_END if stop else None
         result = merge(native, runs, name, complete)
         counters["python_samples"] = counters.get("python_samples", 0) + 1
         if result.spliced:

@@ -59,4 +59,3 @@ def run(args: argparse.Namespace) -> int:
     for out in written:
         console.print(f"wrote {out.path} ({out.summary})", highlight=False)
     return 0
-
