@@ -26,7 +26,15 @@ import time
 from dataclasses import dataclass, field
 
 from aiflame.agent.procmaps import read_maps
-from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python, tstate_tid
+from aiflame.agent.python.detect import (
+    PyTarget,
+    PythonNotLoaded,
+    PythonUnsupported,
+    current_frame,
+    detect_python,
+    read_frame,
+    tstate_tid,
+)
 from aiflame.core.errors import BadInput, TargetGone
 from aiflame.core.model import Frame, FrameKind
 from aiflame.core.python_layouts import PyLayout
@@ -301,22 +309,11 @@ class _Unwinder:
 def _py_frames(mem: ProcessMemory, tstate: int, lay: PyLayout) -> list[RawPyFrame]:
     """The thread state's frames, newest first, with what python_runs needs (owner, is_entry)."""
     out: list[RawPyFrame] = []
-    frame = mem.u64(tstate + lay.tstate_frame)
-    if frame and lay.has_cframe:
-        frame = mem.u64(frame + lay.cframe_current_frame)
+    frame = current_frame(mem, tstate, lay)
     seen: set[int] = set()
     while frame and len(out) < MAX_PY and frame not in seen:
         seen.add(frame)
-        code = mem.u64(frame + lay.frame_code)
-        if lay.version < (3, 11):
-            instr = int.from_bytes(mem.read(frame + lay.frame_instr, 4), "little", signed=True)
-        else:
-            instr = mem.u64(frame + lay.frame_instr) - code
-        owner = mem.read(frame + lay.frame_owner, 1)[0] if lay.frame_owner >= 0 else 0
-        entry = mem.read(frame + lay.frame_is_entry, 1)[0] if lay.frame_is_entry >= 0 else 0
-        if lay.version >= (3, 14):
-            code &= ~1
-        out.append(RawPyFrame(code, instr, owner, entry))
+        out.append(read_frame(mem, frame, lay))
         frame = mem.u64(frame + lay.frame_back)
     return out
 

@@ -29,6 +29,7 @@ from aiflame.agent.python.debug_offsets import (
 )
 from aiflame.core.errors import HostError, InternalError
 from aiflame.core.python_layouts import PyLayout, PythonLayoutError, layout_for
+from aiflame.core.raw import RawPyFrame
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
@@ -329,11 +330,28 @@ def _find_tid_offset(mem: ProcessMemory, pthreads: list[int], pid: int, tasks: s
     return _GLIBC_TID_OFFSET if _GLIBC_TID_OFFSET in fits else min(fits)
 
 
-def _current_frame(mem: ProcessMemory, tstate: int, layout: PyLayout) -> int:
+def current_frame(mem: ProcessMemory, tstate: int, layout: PyLayout) -> int:
+    """The address of the thread state's newest interpreter frame (0: none)."""
     frame = mem.u64(tstate + layout.tstate_frame)
     if frame and layout.has_cframe:
         frame = mem.u64(frame + layout.cframe_current_frame)
     return frame
+
+
+def read_frame(mem: ProcessMemory, frame: int, layout: PyLayout) -> RawPyFrame:
+    """The interpreter frame at `frame` as the BPF walker ships it: code object (3.14's tagged reference bit
+    cleared), instruction position (python_code.py's convention), owner and is-entry (0 where the version has
+    none). The next older frame is at `frame + layout.frame_back`."""
+    code = mem.u64(frame + layout.frame_code)
+    if layout.version < (3, 11):
+        instr = int.from_bytes(mem.read(frame + layout.frame_instr, 4), "little", signed=True)
+    else:
+        instr = mem.u64(frame + layout.frame_instr) - code
+    owner = mem.read(frame + layout.frame_owner, 1)[0] if layout.frame_owner >= 0 else 0
+    entry = mem.read(frame + layout.frame_is_entry, 1)[0] if layout.frame_is_entry >= 0 else 0
+    if layout.version >= (3, 14):
+        code &= ~1
+    return RawPyFrame(code, instr, owner, entry)
 
 
 def python_threads(target: PyTarget, mem: ProcessMemory) -> dict[int, int]:
@@ -365,18 +383,13 @@ def read_python_stack(mem: ProcessMemory, tstate: int, layout: PyLayout) -> list
     """(code address, instr) of each Python frame of the thread state at `tstate`, leaf first, C-stack shim
     frames dropped: a user-space reference for what the BPF walker ships (instr convention: python_code.py)."""
     out: list[tuple[int, int]] = []
-    frame = _current_frame(mem, tstate, layout)
+    frame = current_frame(mem, tstate, layout)
     for _ in range(_MAX_FRAMES):
         if not frame:
             break
-        code = mem.u64(frame + layout.frame_code)
-        if layout.version < (3, 11):
-            instr = struct.unpack("<i", mem.read(frame + layout.frame_instr, 4))[0]
-        else:
-            instr = mem.u64(frame + layout.frame_instr) - code
-        owner = mem.read(frame + layout.frame_owner, 1)[0] if layout.frame_owner >= 0 else -1
-        if owner != layout.owner_cstack or layout.owner_cstack < 0:
-            out.append((code, instr))
+        f = read_frame(mem, frame, layout)
+        if layout.owner_cstack < 0 or f.owner != layout.owner_cstack:
+            out.append((f.code, f.instr))
         frame = mem.u64(frame + layout.frame_back)
     return out
 
@@ -401,7 +414,7 @@ def _check_live(pid: int, mem: ProcessMemory, runtime_addr: int, layout: PyLayou
         if tid_offset != _GLIBC_TID_OFFSET:
             notes.append(f"struct pthread tid found at +{tid_offset}, not glibc 2.36's +{_GLIBC_TID_OFFSET}")
     ts = main_ts or states[0]
-    frame = _current_frame(mem, ts, layout)
+    frame = current_frame(mem, ts, layout)
     checked = False
     for _ in range(_MAX_FRAMES):
         if not frame:
