@@ -1,11 +1,12 @@
 """The checks a capture makes before it starts, each failing with one user-facing line: root, the host's PID
-namespace, a live target, a writable output directory."""
+namespace, tracefs, a live target, a writable output directory."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from aiflame.agent.kernel.bpf_sys import TRACEFS
 from aiflame.agent.procs import GONE, status
 from aiflame.core.errors import BadInput
 
@@ -27,6 +28,22 @@ def check_root() -> None:
     if ns != INIT_PID_NS:
         raise SessionError("runs in a PID namespace other than the host's: BPF reports host pids, which this /proc "
                            "does not show; run it in the host's (docker run --pid=host, Kubernetes hostPID: true)")
+
+
+def _ns(kind: str, pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return ""
+
+
+def check_tracefs() -> None:
+    """tracefs at /sys/kernel/tracing: tracepoint ids and uprobe detach come from it. Missing e.g. under
+    `ip netns exec`, which mounts the namespace's own /sys, where BCC's compile would fail in a page of errors."""
+    if not (TRACEFS / "events").is_dir():
+        hint = " (`ip netns exec` mounts the network namespace's own /sys: run aiflame outside it)" \
+            if _ns("net", "self") != _ns("net", "1") else ""
+        raise SessionError(f"tracefs is not mounted at {TRACEFS}{hint}; mount it: mount -t tracefs nodev {TRACEFS}")
 
 
 def check_pid(pid: int) -> None:

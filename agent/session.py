@@ -15,7 +15,7 @@ from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.launcher import Launcher
 from aiflame.agent.pipeline import FIRST_COLLECTIVE, CapturePipeline, SessionStats, mono_ns
-from aiflame.agent.preflight import SessionError, check_out_dir, check_pid, check_root
+from aiflame.agent.preflight import SessionError, check_out_dir, check_pid, check_root, check_tracefs
 from aiflame.agent.procs import alive, descendants, own_cpu_s
 from aiflame.agent.runtimes.manager import Attached
 from aiflame.core.capture import CaptureWriter, new_header
@@ -85,6 +85,7 @@ class Session:
     def run(self) -> SessionResult:
         cfg = self.cfg
         check_root()
+        check_tracefs()
         if cfg.pid is not None:
             check_pid(cfg.pid)
         check_out_dir(cfg.out_dir)

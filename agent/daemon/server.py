@@ -36,7 +36,7 @@ from aiflame.agent.daemon.status import StatusBoard
 from aiflame.agent.daemon.store import FILE_UMASK, OutputDirs
 from aiflame.agent.kernel.sampler import SamplerConfig
 from aiflame.agent.kernel.stop_watchdog import keep_watchdog_priority
-from aiflame.agent.preflight import SessionError, check_root
+from aiflame.agent.preflight import SessionError, check_root, check_tracefs
 from aiflame.agent.procs import own_cpu_s, own_rss_bytes
 
 __all__ = ["Daemon", "DaemonError", "run_daemon", "setup_logging"]
@@ -84,6 +84,7 @@ class Daemon:
     def run(self) -> int:
         try:
             check_root()
+            check_tracefs()
         except SessionError as e:
             raise DaemonError(str(e)) from None
         os.umask(FILE_UMASK)

@@ -181,9 +181,10 @@ def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generat
 def _own_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generator[TopView | None]:
     from aiflame.agent.daemon.collector import Collector
     from aiflame.agent.kernel.sampler import SamplerConfig
-    from aiflame.agent.preflight import check_pid, check_root
+    from aiflame.agent.preflight import check_pid, check_root, check_tracefs
 
     check_root()
+    check_tracefs()
     if args.pid is not None:
         check_pid(args.pid)
     sampler = SamplerConfig(frequency=args.frequency, event="cpu-clock", all_processes=args.pid is None)

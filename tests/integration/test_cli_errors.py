@@ -107,6 +107,23 @@ def test_outside_the_host_pid_namespace(tmp_path: Path, cmd: list[str]) -> None:
     _one_line_error(proc, "PID namespace other than the host's")
 
 
+@pytest.mark.parametrize("cmd", [["profile", "-q", "-d", "1", "--", "true"], ["top"]])
+def test_inside_ip_netns_exec(tmp_path: Path, cmd: list[str]) -> None:
+    """`ip netns exec` mounts the namespace's own /sys, without tracefs: refused before BCC's compile (which
+    fails in a page of errors there), in one line that names the cause. The namespace is the test's own."""
+    ns = f"aiflame-t{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        argv = ["ip", "netns", "exec", ns, sys.executable, "-m", "aiflame", *cmd]
+        if cmd[0] == "profile":
+            argv[-5:-5] = ["-o", str(tmp_path / "out")]
+        env = {**os.environ, "AIFLAME_BPF_CACHE": "off"}  # a cached program would skip the compile
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    _one_line_error(proc, "tracefs is not mounted at /sys/kernel/tracing (`ip netns exec`")
+
+
 @pytest.mark.parametrize("content,pattern", [
     (b"", "not an aiflame capture"),
     (b"hello world, not a capture", "not an aiflame capture"),
