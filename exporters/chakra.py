@@ -7,11 +7,14 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiflame.core.model import Profile
 
 from .base import Exporter, Option, Output, write_atomic
+
+if TYPE_CHECKING:
+    from .chakra_calibration import Calibration
 from .chakra_nodes import COMP, ChakraError, ChakraTraces, EtNode, RankTrace, RulesBroken, build_traces, node_types
 
 __all__ = ["ChakraError", "ChakraExporter", "decode_et", "encode_rank", "write_traces"]
@@ -101,28 +104,37 @@ def _check_prefix(prefix: Path) -> None:
         raise ChakraError(f"{prefix.parent}: no such directory")
 
 
-def write_traces(prof: Profile, prefix: Path, check: bool = True) -> tuple[list[Path], ChakraTraces]:
-    """Write `<prefix>.<rank>.et` for every rank of the capture, and `<prefix>.network.yml`, an analytical network
-    fitted to the capture's communication (exporters/chakra_network.py); returns the `.et` files and the traces.
-    With `check`, the files are checked against the simulator's input rules (exporters/chakra_check.py) and what
-    they break is in `traces.problems`."""
+def write_traces(prof: Profile, prefix: Path, check: bool = True,
+                 calibration: Calibration | None = None) -> tuple[list[Path], ChakraTraces]:
+    """Write `<prefix>.<rank>.et` for every rank of the capture, and `<prefix>.network.yml`: the calibrated
+    network when `calibration` is given (each call then preceded by its host cost, exporters/chakra_calibration.py),
+    else one fitted to the capture's own communication (exporters/chakra_network.py); returns the `.et` files and
+    the traces. With `check`, the files are checked against the simulator's input rules
+    (exporters/chakra_check.py) and what they break is in `traces.problems`."""
+    from .chakra_calibration import calibration_yaml, capture_id
     from .chakra_check import check as check_files
     from .chakra_network import fit_network, network_yaml
 
     prefix = Path(prefix)
     _check_prefix(prefix)
-    traces = build_traces(prof)
+    traces = build_traces(prof, host=calibration.host_ns if calibration else None)
     base = prof.start_ns or min((n.start_ns for t in traces.ranks.values() for n in t.nodes), default=0)
     written = []
     for r, trace in sorted(traces.ranks.items()):
         path = prefix.with_name(f"{prefix.name}.{r}.et")
         write_atomic(path, encode_rank(trace, base))
         written.append(path)
-    traces.network = fit_network(traces)
-    if traces.network is not None:
-        path = prefix.with_name(f"{prefix.name}.network.yml")
-        write_atomic(path, network_yaml(traces.network, traces.timeline.world).encode())
+    world = traces.timeline.world
+    path = prefix.with_name(f"{prefix.name}.network.yml")
+    if calibration is not None:
+        traces.network = calibration
+        write_atomic(path, calibration_yaml(calibration, world).encode())
         traces.extra_files.append(path)
+    else:
+        traces.network = fit_network(traces)
+        if traces.network is not None:
+            write_atomic(path, network_yaml(traces.network, world, capture_id(prof)).encode())
+            traces.extra_files.append(path)
     if check:
         traces.problems = check_files(written, world=traces.timeline.world)
     return written, traces
@@ -136,18 +148,25 @@ class ChakraExporter(Exporter):
     extension = ".et"
     description = "Chakra execution traces for ASTRA-sim, one PREFIX.<rank>.et per rank"
     options = (Option("check", bool, True, "check the traces against ASTRA-sim's input rules; a broken one "
-                      "fails the export (aiflame chakra check lists them)"),)
+                      "fails the export (aiflame chakra check lists them)"),
+               Option("network", str, "", "a calibrated network file (aiflame chakra calibrate): written as "
+                      "PREFIX.network.yml, each call preceded by its host cost; default: a network fitted to this "
+                      "capture, which reproduces it but predicts nothing else"))
     writes_many = True
     whole_capture = True
 
     def render(self, profile: Profile) -> bytes:
         raise ChakraError("chakra writes one file per rank: write() them under a prefix")
 
-    def __init__(self, check: bool = True) -> None:
+    def __init__(self, check: bool = True, network: str = "") -> None:
         self.check = check
+        self.network = network
 
     def write(self, profile: Profile, path: Path) -> list[Output]:
-        files, traces = write_traces(profile, path, check=self.check)
+        from .chakra_calibration import load_calibration
+
+        cal = load_calibration(Path(self.network)) if self.network else None
+        files, traces = write_traces(profile, path, check=self.check, calibration=cal)
         self.warnings = [*traces.warnings, *(str(p) for p in traces.problems)]
         errors = [p for p in traces.problems if p.severity == "error"]
         if errors:
@@ -155,5 +174,6 @@ class ChakraExporter(Exporter):
                               f"run them to the end (`aiflame chakra check {path}` lists them): {errors[0]}")
         out = [Output(f, f"rank {rank}: " + ", ".join(f"{n} {k}" for k, n in sorted(node_types(t.nodes).items())))
                for f, (rank, t) in zip(files, sorted(traces.ranks.items()), strict=True)]
-        return out + [Output(f, "an ASTRA-sim network fitted to the captured communication")
-                      for f in traces.extra_files]
+        what = (f"an ASTRA-sim network calibrated on capture {cal.source}" if cal else
+                "an ASTRA-sim network fitted to this capture (it reproduces this job, predicts no other)")
+        return out + [Output(f, what) for f in traces.extra_files]

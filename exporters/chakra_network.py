@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 SPLITS = 4  # preferred-dataset-splits of the system configuration the fit assumes (shared/astra-sim/system.json)
 SMALL = 64 << 10
+P2P = "send/recv"  # the call name of a matched message pair
 GIB = 1 << 30
 
 
@@ -72,12 +73,23 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
-def fit_network(traces: ChakraTraces, splits: int = SPLITS) -> NetworkFit | None:
-    """The fitted network of a job of two or more ranks with communication; None otherwise."""
+@dataclass(frozen=True, slots=True)
+class TimedCall:
+    """One call as the simulator sees it: the runtime call, its latency steps L and bytes B in the model above,
+    and the captured time (the last-arriving rank's, for a collective; from both sides posted to the receive's
+    end, for a message)."""
+
+    call: str
+    steps: float
+    nbytes: float
+    start_ns: int
+    duration_ns: int
+
+
+def timed_calls(traces: ChakraTraces, splits: int = SPLITS) -> list[TimedCall]:
+    """Every collective all ranks made that the traces hold, and every matched send/recv pair."""
     tl = traces.timeline
-    if tl.world < 2 or len(tl.ranks) < 2:
-        return None
-    items: list[tuple[float, float, int, int]] = []  # (L, B, start, duration) per call
+    out: list[TimedCall] = []
     for seq, parts in tl.collectives().items():
         planned = traces.collectives.get(seq)
         if planned is None or len(parts) < len(tl.ranks):
@@ -85,7 +97,7 @@ def fit_network(traces: ChakraTraces, splits: int = SPLITS) -> NetworkFit | None
         last = max(parts.values(), key=lambda op: op.start_ns)
         steps, nbytes = steps_and_bytes(planned.comm_type, planned.comm_size, tl.world, splits)
         if steps:
-            items.append((steps, nbytes, last.start_ns, last.duration_ns))
+            out.append(TimedCall(planned.call, steps, nbytes, last.start_ns, last.duration_ns))
     recvs: dict[tuple[int, int, int], list[CommOp]] = {}
     sends: dict[tuple[int, int, int], list[CommOp]] = {}
     for r, t in tl.ranks.items():
@@ -97,14 +109,23 @@ def fit_network(traces: ChakraTraces, splits: int = SPLITS) -> NetworkFit | None
     for key, rops in recvs.items():
         for sop, rop in zip(sends.get(key, []), rops, strict=False):
             start = max(sop.start_ns, rop.start_ns)
-            items.append((2.0, float(max(rop.bytes, sop.bytes, 1)), start, max(rop.end_ns - start, 0)))
+            out.append(TimedCall(P2P, 2.0, float(max(rop.bytes, sop.bytes, 1)), start, max(rop.end_ns - start, 0)))
+    return out
+
+
+def fit_network(traces: ChakraTraces, splits: int = SPLITS) -> NetworkFit | None:
+    """The fitted network of a job of two or more ranks with communication; None otherwise."""
+    tl = traces.timeline
+    if tl.world < 2 or len(tl.ranks) < 2:
+        return None
+    items = timed_calls(traces, splits)
     if not items:
         return None
-    comm_ns = _union_ns([(s, s + d) for _, _, s, d in items])
-    small = [d / steps for steps, b, _, d in items if b <= SMALL and steps]
+    comm_ns = _union_ns([(c.start_ns, c.start_ns + c.duration_ns) for c in items])
+    small = [c.duration_ns / c.steps for c in items if c.nbytes <= SMALL and c.steps]
     latency = statistics.median(small) if small else 0.0
-    steps_total = sum(steps for steps, _, _, _ in items)
-    bytes_total = sum(b for _, b, _, _ in items)
+    steps_total = sum(c.steps for c in items)
+    bytes_total = sum(c.nbytes for c in items)
     note = ""
     left = comm_ns - latency * steps_total
     if left <= 0 or bytes_total <= 0:  # the small calls' latency explains it all: fit the bandwidth alone
@@ -115,13 +136,20 @@ def fit_network(traces: ChakraTraces, splits: int = SPLITS) -> NetworkFit | None
     return NetworkFit(bandwidth, latency, len(items), comm_ns, note)
 
 
-def network_yaml(fit: NetworkFit, world: int) -> str:
-    """The network configuration file (astra-network-analytical's YAML) of a fitted network."""
+FITTED_MARK = "# aiflame-fitted-on: "
+
+
+def network_yaml(fit: NetworkFit, world: int, source: str = "") -> str:
+    """The network configuration file (astra-network-analytical's YAML) of a network fitted to the capture
+    `source` names (chakra_calibration.capture_id)."""
     lines = [
         "# ASTRA-sim analytical network fitted by aiflame to the captured communication: with ring collectives",
         f"# and preferred-dataset-splits {SPLITS} (as in shared/astra-sim/system.json), the simulator's collectives",
         f"# and messages take as long as the {fit.calls} captured ones did ({fit.comm_ns / 1e6:.3f} ms in flight).",
-        "# Change the bandwidth to ask what another network would do.",
+        "# It describes this job, gloo's or NCCL's per-call cost included: a replay with it reproduces the job, it",
+        "# does not predict another, nor this one on a faster network. For that, calibrate once on a size sweep",
+        "# (aiflame chakra calibrate) and export with --opt network=FILE (docs/chakra.md).",
+        FITTED_MARK + source,
     ]
     if fit.note:
         lines.append(f"# {fit.note}")
@@ -132,3 +160,11 @@ def network_yaml(fit: NetworkFit, world: int) -> str:
         f"latency: [ {fit.latency_ns:.6g} ]   # ns per link",
     ]
     return "\n".join(lines) + "\n"
+
+
+def fitted_source(text: str) -> str | None:
+    """The capture a network file was fitted to (network_yaml's mark), or None."""
+    for line in text.splitlines():
+        if line.startswith(FITTED_MARK):
+            return line[len(FITTED_MARK):].strip()
+    return None

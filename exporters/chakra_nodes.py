@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,10 @@ from typing import Any
 from aiflame.core.model import EventKind, Profile, TraceEvent
 
 from .base import ExportError, NothingToExport
+from .chakra_network import P2P, steps_and_bytes
 from .rank_timeline import CommOp, JobTimeline, RankTimeline, build_timeline, call_name
+
+HostCosts = Callable[[str, float], int | None]  # (call, simulated bytes) -> host ns beyond the network
 
 MIN_COMPUTE_NS = 1000  # compute pieces shorter than a microsecond are not worth a node
 P2P_TAG = 1 << 29  # send/recv tags start here, clear of the simulator's collective stream tags (0, 1, 2, ...)
@@ -229,8 +232,8 @@ def pair_messages(timeline: JobTimeline, warnings: list[str]) -> dict[int, tuple
 
 class _RankBuilder:
     def __init__(self, t: RankTimeline, world: int, plan: dict[int, Planned],
-                 messages: dict[int, tuple[int, int, int]]) -> None:
-        self.t, self.world, self.plan, self.messages = t, world, plan, messages
+                 messages: dict[int, tuple[int, int, int]], host: HostCosts | None = None) -> None:
+        self.t, self.world, self.plan, self.messages, self.host = t, world, plan, messages, host
         self.nodes: list[EtNode] = []
         self.pending: list[tuple[int, int]] = []  # (end ns, node id) of finished calls no compute depends on yet
         self.last_comp: int | None = None
@@ -286,6 +289,19 @@ class _RankBuilder:
         for nid in self.finished_before(start):
             self.dep(n.data_deps, nid)
 
+    def _call(self, n: EtNode, op: CommOp, kind: str, nbytes: float) -> None:
+        """A call issued; with a calibration, after its host cost (a compute node the call depends on)."""
+        cost = self.host(kind, nbytes) if self.host is not None else None
+        if not cost:
+            self._issued(n, op.start_ns)
+            return
+        h = EtNode(n.id, f"host: {op.call}", COMP, op.start_ns, cost,
+                   {"is_cpu_op": ("bool_val", False), "aiflame_host_cost": ("bool_val", True)})
+        self._issued(h, op.start_ns)
+        n.id = h.id + 1
+        self.nodes.insert(len(self.nodes) - 1, h)
+        n.data_deps.append(h.id)
+
     def comm(self, op: CommOp) -> None:
         common = {"tid": ("int64_val", op.tid), "runtime": ("string_val", str(op.event.args.get("runtime", ""))),
                   "aiflame_bytes": ("int64_val", op.bytes)}
@@ -305,7 +321,7 @@ class _RankBuilder:
             n = self.node(op.call, COMM_COLL, op.start_ns, op.duration_ns, is_cpu_op=("bool_val", False),
                           comm_type=("int64_val", planned.comm_type), comm_size=("int64_val", planned.comm_size),
                           comm_priority=("int32_val", 0), pg_name=("string_val", ""), **common, **extra)
-            self._issued(n, op.start_ns)
+            self._call(n, op, op.call, steps_and_bytes(planned.comm_type, planned.comm_size, self.world)[1])
             self.dep(n.ctrl_deps, self.last_coll)
             self.last_coll = n.id
             stream = op.event.args.get("stream")
@@ -320,7 +336,7 @@ class _RankBuilder:
                           is_cpu_op=("bool_val", False), comm_src=("int32_val", src), comm_dst=("int32_val", dst),
                           comm_tag=("int32_val", tag), comm_size=("int64_val", size),
                           aiflame_tag=("int64_val", op.tag), **common)
-            self._issued(n, op.start_ns)
+            self._call(n, op, P2P, size)
         self.pending.append((op.end_ns, n.id))
 
     def device(self, ev: TraceEvent) -> None:
@@ -358,8 +374,10 @@ class _RankBuilder:
             self.pending.append((end, n.id))
 
 
-def build_traces(prof: Profile, timeline: JobTimeline | None = None) -> ChakraTraces:
-    """Per-rank Chakra nodes for a symbolized capture; raises ChakraError when it has no communication."""
+def build_traces(prof: Profile, timeline: JobTimeline | None = None, host: HostCosts | None = None) -> ChakraTraces:
+    """Per-rank Chakra nodes for a symbolized capture; raises ChakraError when it has no communication. With
+    `host` (a calibration's costs, exporters/chakra_calibration.py), each call is preceded by a compute node of
+    what it costs the host beyond the network."""
     comm = [e for e in prof.events if e.kind in (EventKind.COLLECTIVE, EventKind.COMPUTE, EventKind.COPY)]
     if not comm:
         raise NoCommunication("no collectives, kernel launches or copies in this capture: nothing for a Chakra trace "
@@ -386,7 +404,7 @@ def build_traces(prof: Profile, timeline: JobTimeline | None = None) -> ChakraTr
     messages = pair_messages(tl, warnings)
     out: dict[int, RankTrace] = {}
     for r, t in sorted(tl.ranks.items()):
-        nodes = _RankBuilder(t, tl.world, plan, messages).build()
+        nodes = _RankBuilder(t, tl.world, plan, messages, host).build()
         if not nodes:
             warnings.append(f"rank {r}: no nodes")
         out[r] = RankTrace(r, tl.world, t.pids, nodes)

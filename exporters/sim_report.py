@@ -14,9 +14,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .base import ExportError
 from .rank_timeline import JobTimeline
+
+if TYPE_CHECKING:
+    from aiflame.core.model import Profile
 
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles")
 CRITICAL = re.compile(r"\[critical\]|Assertion .* failed|terminate called")
@@ -102,16 +106,55 @@ def parse_sim_log(text: str, name: str = "the simulator's output") -> SimResult:
     return SimResult(ranks, critical)
 
 
-def compare(timeline: JobTimeline, sim: SimResult) -> list[Row]:
-    """One row per rank of the capture (and per rank only the simulator has)."""
+def compare(timeline: JobTimeline, sim: SimResult, host_ns: dict[int, int] | None = None) -> list[Row]:
+    """One row per rank of the capture (and per rank only the simulator has). `host_ns`: per rank, the time of
+    the host-cost nodes a calibrated export put before its calls: compute to the simulator, communication in the
+    capture, so it goes back into the simulated exposed figure."""
     rows = []
     for r in sorted(timeline.ranks.keys() | sim.ranks.keys()):
         t = timeline.ranks.get(r)
         s = sim.ranks.get(r)
         m = t.measured if t is not None else None
         rows.append(Row(r, m.window_ns if m else 0, s.finished_ns if s else None, m.exposed_ns if m else 0,
-                        s.exposed_ns if s else None, m.compute_ns if m else 0, m.idle_ns if m else 0))
+                        s.exposed_ns + (host_ns or {}).get(r, 0) if s else None, m.compute_ns if m else 0,
+                        m.idle_ns if m else 0))
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where the network the simulator was given came from, against the capture compared."""
+
+    held_out: bool | None  # True: made from another capture (a prediction); False: from this one; None: unknown
+    line: str  # what to tell the user
+    host_ns: dict[int, int] = field(default_factory=dict)  # per rank: host-cost nodes' time (calibrated export)
+
+
+def provenance(prof: Profile, network_text: str, name: str) -> Provenance:
+    """Whether the network file `name` was fitted or calibrated on the capture `prof` (its aiflame marks)."""
+    from .chakra_calibration import capture_id, read_calibration
+    from .chakra_network import fitted_source
+    from .chakra_nodes import COMP, build_traces
+
+    here = capture_id(prof)
+    cal = read_calibration(network_text, name)
+    if cal is not None:
+        traces = build_traces(prof, host=cal.host_ns)
+        host = {r: sum(n.duration_ns for n in t.nodes if n.type == COMP and "aiflame_host_cost" in n.attrs)
+                for r, t in traces.ranks.items()}
+        if cal.source == here:
+            return Provenance(False, f"{name} was calibrated on this capture: the agreement below is a fit, not a "
+                              "prediction; check it on another job's capture", host)
+        return Provenance(True, f"held out: {name} was calibrated on capture {cal.source}, not on this one "
+                          f"({here}): the agreement below is a prediction", host)
+    src = fitted_source(network_text)
+    if src == here:
+        return Provenance(False, f"{name} was fitted to this capture's own communication: the replay reproduces the "
+                          "job by construction and says nothing of another job or network (calibrate once with "
+                          "`aiflame chakra calibrate` and export with --opt network=FILE: docs/chakra.md)")
+    if src:
+        return Provenance(True, f"held out: {name} was fitted to capture {src}, not to this one ({here})")
+    return Provenance(None, f"{name} carries no aiflame mark: whether it was fitted on this job is unknown")
 
 
 def idle_notes(rows: list[Row]) -> list[str]:

@@ -51,13 +51,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("capture", type=Path, help="the .aiflame capture the Chakra traces were exported from")
     s.add_argument("sim_log", type=Path, metavar="SIM_LOG",
                    help="the simulator's output saved to a file, or its --logging-folder (log.log)")
+    s.add_argument("--network", type=Path, metavar="FILE",
+                   help="the network file the simulator was given: says whether it was fitted on this capture "
+                        "(a reproduction) or on another (a prediction), and counts a calibrated export's host costs "
+                        "as communication")
 
 
 def run(args: argparse.Namespace) -> int:
     from aiflame.cli.stack_view import capture_files, load_job, load_profile
 
     if args.report == "sim":
-        report_sim(load_profile(args.capture), args.sim_log, Console())
+        report_sim(load_profile(args.capture), args.sim_log, Console(), args.network)
         return 0
     if args.threshold < 0 or args.time_threshold < 0 or args.min_time_ms < 0:
         raise UsageError("thresholds must be >= 0")
@@ -113,15 +117,25 @@ def _ms(ns: int | None) -> str:
     return "-" if ns is None else f"{ns / 1e6:.1f}"
 
 
-def report_sim(prof: Profile, sim_log: Path, console: Console) -> list[Row]:
+def report_sim(prof: Profile, sim_log: Path, console: Console, network: Path | None = None) -> list[Row]:
     """Print the simulated and measured figures per rank; returns the rows."""
+    from aiflame.exporters.chakra_calibration import MAX_FILE
     from aiflame.exporters.rank_timeline import build_timeline
-    from aiflame.exporters.sim_report import compare, idle_notes, read_sim_log
+    from aiflame.exporters.sim_report import Provenance, compare, idle_notes, provenance, read_sim_log
     from aiflame.exporters.sim_report import problems as sim_problems
 
     timeline = build_timeline(prof)
     sim = read_sim_log(sim_log)
-    rows = compare(timeline, sim)
+    origin = Provenance(None, "which network was simulated is not known: --network FILE says whether it was "
+                        "fitted on this capture (a reproduction) or on another (a prediction)")
+    if network is not None:
+        try:
+            with open(network, "rb") as f:
+                text = f.read(MAX_FILE).decode("utf-8", "replace")
+        except OSError as e:
+            raise ReportError(f"{network}: {e.strerror or e}") from None
+        origin = provenance(prof, text, str(network))
+    rows = compare(timeline, sim, origin.host_ns)
     t = Table(title="ASTRA-sim vs capture, ms", title_justify="left")
     for col in ("rank", "time", "sim", "err", "exposed", "sim", "err", "compute", "idle"):
         t.add_column(col, justify="right")
@@ -135,6 +149,12 @@ def report_sim(prof: Profile, sim_log: Path, console: Console) -> list[Row]:
                   "so not simulated); err: simulated vs measured. Time = compute + exposed + idle; the simulator's "
                   "exposed is its time less the same compute, so the two exposed figures differ by as many ms as "
                   "the simulated time and the time less idle do", highlight=False)
+    if origin.host_ns:
+        console.print("host costs of the calibrated export (compute nodes to the simulator) are counted in its "
+                      "exposed figure: " + ", ".join(f"rank {r} {ns / 1e6:.1f} ms" for r, ns in
+                                                     sorted(origin.host_ns.items())), highlight=False)
+    console.print(("[bold]" if origin.held_out is False else "") + escape(origin.line) +
+                  ("[/]" if origin.held_out is False else ""), highlight=False)
     for line in idle_notes(rows):
         console.print(line, highlight=False)
     for line in sim_problems(timeline, sim):

@@ -80,10 +80,11 @@ def test_the_daemonset_mounts_what_the_agent_reads_and_writes() -> None:
     # windows, captures, the control socket and the caches on the node's disk, where `aiflame` on the node and the
     # join of a job's captures find them; all writable (the root filesystem is not)
     assert agent["securityContext"]["readOnlyRootFilesystem"] is True
-    for path in (cfg.output.dir, cfg.control.socket.parent, Path(agent["env"][0]["value"])):
-        name = _under(path, mounts)
-        assert name in host and name not in ro, path
-        assert Path(host[name]) / path.relative_to(mounts[name]) == path, path
+    paths = [cfg.output.dir, cfg.control.socket.parent, Path(agent["env"][0]["value"])]
+    for where in paths:
+        name = _under(where, mounts)
+        assert name is not None and name in host and name not in ro, where
+        assert Path(host[name]) / where.relative_to(mounts[name]) == where, where
     assert {_under(Path(p), mounts) for p in ("/var/lib/aiflame", "/run/aiflame")} <= set(host)
 
 
