@@ -2,7 +2,8 @@
 that predicts other jobs"). Each starts its ranks as child processes, as `aiflame profile -- CMD` follows them.
 
     python examples/comm_jobs.py sweep    # every collective and send/recv at sizes 4 KiB .. 16 MiB: calibration
-    python examples/comm_jobs.py small    # 5 steps: compute, all-reduce 40 KB, all-gather, broadcast, send/recv
+    python examples/comm_jobs.py small    # 5 steps: all-reduce 40 KB, all-gather, broadcast, send/recv
+                                          # (--compute-ms N: N ms of compute before each step)
     python examples/comm_jobs.py mixed    # 20 steps: uneven compute, all-reduce 4 MiB, broadcast 1 MiB, uneven
                                           # all-to-all, barrier, send/recv 120 KB
 
@@ -35,7 +36,7 @@ def _compute(ms: float) -> None:
         a = t.tanh(a @ a)
 
 
-def _job(name: str, rank: int) -> None:
+def _job(name: str, rank: int, compute_ms: float) -> None:
     import torch
     import torch.distributed as dist
 
@@ -63,7 +64,8 @@ def _job(name: str, rank: int) -> None:
         return
     if name == "small":
         for step in range(5):
-            _compute(2)
+            if compute_ms:
+                _compute(compute_ms)
             dist.all_reduce(torch.ones(10_000))  # 40 KB
             dist.all_gather([torch.empty(1000) for _ in range(WORLD)], torch.ones(1000))
             dist.broadcast(torch.ones(2500), src=0)
@@ -81,7 +83,7 @@ def _job(name: str, rank: int) -> None:
         send_recv(120_000, 40 + 2 * step)
 
 
-def worker(name: str) -> int:
+def worker(name: str, compute_ms: float) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -90,7 +92,7 @@ def worker(name: str) -> int:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     dist.barrier()  # both ranks up before the job (a profile --delay collective starts here)
-    _job(name, rank)
+    _job(name, rank, compute_ms)
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -105,12 +107,13 @@ def _free_port() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("job", choices=("sweep", "small", "mixed"))
+    ap.add_argument("--compute-ms", type=float, default=0.0, help="small: compute before each step (0)")
     args = ap.parse_args()
     if "RANK" in os.environ:
-        return worker(args.job)
+        return worker(args.job, args.compute_ms)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(WORLD),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), args.job],
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]],
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(WORLD)]
     return max((p.wait() for p in procs), key=abs)
 

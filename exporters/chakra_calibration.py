@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .base import ExportError
-from .chakra_network import GIB, SPLITS, TimedCall, timed_calls
+from .chakra_network import GIB, SMALL, SPLITS, TimedCall, timed_calls
 
 if TYPE_CHECKING:
     from aiflame.core.model import Profile
@@ -136,6 +136,12 @@ def calibrate(traces: ChakraTraces, source: str, transport: str = "", splits: in
             lines[kind] = (a, c, steps, n, len(pts))
         else:
             lines[kind] = (-1.0, -1.0, steps, n, len(pts))  # a per-call cost only, once the link is known
+    # The calls' tail (a rank or the transport's thread not scheduled at once, a preempted copy) comes at random,
+    # the same for every kind: what calls took beyond the typical one of their kind and size, on average, is
+    # added to every kind's per-call cost, so the calibration keeps the sweep's total time.
+    excess = [max(x.duration_ns - statistics.median(y.duration_ns for y in cs), 0)
+              for sizes in by_kind.values() for b, cs in sizes.items() if b <= SMALL for x in cs]
+    tail = statistics.fmean(excess) if excess else 0.0
     swept = {k: v for k, v in lines.items() if v[0] >= 0 and v[1] > 0}
     if not swept:
         raise CalibrationError(f"no call kind was made at {MIN_SIZES} or more sizes: nothing separates bandwidth "
@@ -147,9 +153,10 @@ def calibrate(traces: ChakraTraces, source: str, transport: str = "", splits: in
     for kind, (a, c, steps, n, nsizes) in sorted(lines.items()):
         if a < 0:  # too few sizes: its own per-call cost at the link's rate
             mids = [statistics.median(x.duration_ns for x in cs) - b * per_byte for b, cs in by_kind[kind].items()]
+            # (the tail is added below, as to every kind)
             a, c = max(statistics.median(mids), steps * latency), per_byte
             notes.append(f"{kind}: {nsizes} size(s) only, per-call cost at the link's rate")
-        host[kind] = HostCost(max(a - steps * latency, 0.0), max(c - per_byte, 0.0), n, nsizes)
+        host[kind] = HostCost(max(a - steps * latency, 0.0) + tail, max(c - per_byte, 0.0), n, nsizes)
     bandwidth = 1e9 / (per_byte * GIB)
     return Calibration(bandwidth, latency, host, source, transport, len(calls), traces.timeline.world, notes)
 
