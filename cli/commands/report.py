@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--no-plot", action="store_true", help="do not write the plot")
     s = kinds.add_parser("sim", help="ASTRA-sim's replay of the Chakra export beside the capture: per-rank time and "
                          "exposed communication, simulated and measured")
-    s.add_argument("capture", type=Path, help="the .aiflame capture the Chakra traces were exported from")
+    s.add_argument("capture", type=Path, nargs="+",
+                   help="the .aiflame capture the Chakra traces were exported from; several (or a directory), one "
+                        "per host, for a job exported from them joined")
     s.add_argument("sim_log", type=Path, metavar="SIM_LOG",
                    help="the simulator's output saved to a file, or its --logging-folder (log.log)")
     s.add_argument("--network", type=Path, metavar="FILE",
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from aiflame.cli.stack_view import capture_files, load_job, load_profile
 
     if args.report == "sim":
-        report_sim(load_profile(args.capture), args.sim_log, Console(), args.network)
+        report_sim(load_job(capture_files(args.capture), load_profile), args.sim_log, Console(), args.network)
         return 0
     if args.threshold < 0 or args.time_threshold < 0 or args.min_time_ms < 0:
         raise UsageError("thresholds must be >= 0")
