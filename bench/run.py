@@ -26,6 +26,7 @@ BENCHES = [
     ["start_time.py"],
     ["perfetto_size.py", "--seconds", "5,20"],
     ["join_scale.py"],
+    ["trigger_at.py"],
 ]
 
 
