@@ -26,7 +26,7 @@ struct offcpu_since {
     u32 pid;
     u32 pad;
 };
-BPF_TABLE("lru_hash", u32, struct offcpu_since, offcpu_blocked, 65536);
+BPF_TABLE("lru_hash", u32, struct offcpu_since, offcpu_blocked, 16384);
 BPF_PERCPU_ARRAY(offcpu_scratch, struct sample_rec, 1);
 BPF_PERCPU_ARRAY(uw_off_scratch, struct uw_state, 1);
 /* The off-CPU walk as tail calls of tracepoint programs (a prog array holds programs of one type only): as
