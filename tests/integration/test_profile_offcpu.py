@@ -62,9 +62,9 @@ def test_wall_view_splits_half_asleep_half_on_cpu_evenly(tmp_path: Path) -> None
     # Each sleep is one block, from its start to its timer's expiry (the wait for a CPU after it is not blocked
     # time): never shorter than asked (but for the µs from the call to the switch), hardly longer.
     prof = symbolize_capture(cap, options=StackOptions(group="none"))
-    sleeps = [s.weight for s in prof.off_cpu if any(f.name == "sleeper" for f in s.stack)]
-    assert len(sleeps) >= ROUNDS // 2, len(sleeps)
-    assert all(0.99 * SLICE_S * 1e9 <= w <= 1.25 * SLICE_S * 1e9 for w in sleeps), sleeps
+    sleep_ns = [s.weight for s in prof.off_cpu if any(f.name == "sleeper" for f in s.stack)]
+    assert len(sleep_ns) >= ROUNDS // 2, len(sleep_ns)
+    assert all(0.99 * SLICE_S * 1e9 <= w <= 1.25 * SLICE_S * 1e9 for w in sleep_ns), sleep_ns
     # `export --view wall` gives what profile wrote
     aiflame("export", str(out / "profile.aiflame"), "--view", "wall", "-f", "folded", "-o",
             str(tmp_path / "w.folded"))

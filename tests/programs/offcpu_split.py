@@ -9,24 +9,24 @@ import sys
 import time
 
 
-def spin(n):
+def spin(n: int) -> int:
     total = 0
     for i in range(n):
         total += i * i
     return total
 
 
-def computer(slice_s):
+def computer(slice_s: float) -> None:
     end = time.thread_time() + slice_s
     while time.thread_time() < end:
         spin(2000)
 
 
-def sleeper(slice_s):
+def sleeper(slice_s: float) -> None:
     time.sleep(slice_s)
 
 
-def main():
+def main() -> None:
     rounds, slice_s = int(sys.argv[1]), float(sys.argv[2])
     for _ in range(rounds):
         sleeper(slice_s)
