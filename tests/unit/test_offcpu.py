@@ -202,10 +202,11 @@ def test_wall_view_of_a_capture_without_off_cpu_is_one_line(tmp_path: Path,
     assert "no off-CPU samples in this capture" in err and err.count("\n") == 1
 
 
-def test_export_wall_view(tmp_path: Path) -> None:
+def test_export_wall_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_capture(tmp_path / "c.aiflame", _capture())
     assert main(["export", str(tmp_path / "c.aiflame"), "--view", "wall", "-f", "folded", "--group", "none",
                  "-o", str(tmp_path / "w.folded")]) == 0
+    assert "w.folded (0.035 s)" in capsys.readouterr().out
     lines = (tmp_path / "w.folded").read_text().splitlines()
     assert len(lines) == 2
     counts = sorted(int(line.rpartition(" ")[2]) for line in lines)
