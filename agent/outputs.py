@@ -1,6 +1,6 @@
-"""What a capture becomes next to it: its views (CPU samples, kernel launches, stall samples), each in the asked
-formats of the exporter registry; formats of the whole capture (Chakra, the comm plot) once, from its CPU view.
-`aiflame profile` and the daemon both write through here."""
+"""What a capture becomes next to it: its views (CPU samples, kernel launches, off-CPU and wall time, stall
+samples), each in the asked formats of the exporter registry; formats of the whole capture (Chakra, the comm plot)
+once, from its CPU view. `aiflame profile` and the daemon both write through here."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from aiflame.core.model import Profile
 from aiflame.core.raw import Capture
 from aiflame.exporters import REGISTRY, NothingToExport, get_exporter
 from aiflame.symbolize.events import launch_profile
+from aiflame.symbolize.offcpu import offcpu_profile, sample_period_ns, wall_profile
 
 FORMATS = tuple(REGISTRY)
 
@@ -27,12 +28,18 @@ class View:
 
 
 def capture_views(cap: Capture, prof: Profile, prefix: str = "profile") -> list[View]:
-    """The CPU-sample view, plus the launch view when kernels were launched and the stall view (the AI flame
-    graph) when the capture has stall samples."""
+    """The CPU-sample view, plus the launch view when kernels were launched, the off-CPU and wall views when it
+    recorded where threads blocked, and the stall view (the AI flame graph) when the capture has stall samples."""
     views = [View(prefix, prof, f"{prof.total_weight} samples", "")]
     launches = launch_profile(prof)
     if launches.samples:  # which CPU stacks launched which kernels
         views.append(View("launches", launches, f"{launches.total_weight} kernel launches", " (launches)"))
+    if prof.off_cpu:  # where threads blocked (profile --off-cpu), alone and with the CPU samples, in ns
+        period = sample_period_ns(prof)
+        blocked = sum(s.weight for s in prof.off_cpu) / 1e9
+        views.append(View("offcpu", offcpu_profile(prof), f"{blocked:.2f} s blocked", " (off-CPU)"))
+        views.append(View("wall", wall_profile(prof), f"{prof.total_weight * period / 1e9 + blocked:.2f} s "
+                          f"on and off CPU", " (on + off CPU)"))
     if cap.stalls:  # stall samples on the stacks that launched their kernels
         from aiflame.symbolize.stalls import stall_profile
 

@@ -35,7 +35,8 @@ def mono_ns() -> int:
 class SessionStats:
     """What a capture has collected so far."""
 
-    samples: int = 0
+    samples: int = 0  # CPU samples
+    blocks: int = 0  # off-CPU samples (--off-cpu): a thread blocked, at a stack, for a time
     events: int = 0
     elapsed_s: float = 0.0
     pids: int = 0
@@ -201,21 +202,29 @@ class CapturePipeline:
         for s in self._samples:
             self.kernel.addrs.update(s.kern)
         self._refresh_mappings(((s.pid, s.user) for s in self._samples), REMAP_MIN_S)
-        self.stats.samples += len(self._samples)
         for pid in {s.pid for s in self._samples} - self.python.procs.keys():
             self._attach_python(pid)
         if self.samples_from_ns:  # --delay: the walker is attached meanwhile, the samples are left out
             kept = [] if self.samples_from_ns == FIRST_COLLECTIVE else \
                 [s for s in self._samples if s.time_ns >= self.samples_from_ns]
             self.before_delay += len(self._samples) - len(kept)
-            self.stats.samples -= len(self._samples) - len(kept)
             self._samples[:] = kept
+        blocked = sum(1 for s in self._samples if s.off_cpu_ns)
+        self.stats.samples += len(self._samples) - blocked
+        self.stats.blocks += blocked
         for code in self.python.codes(self._samples, mono_ns()):
             writer.add_py_code(code)
         writer.add_samples(self._samples)
         self._samples.clear()
         writer.flush()
         return exited
+
+    def finish_off_cpu(self, end_ns: int) -> None:
+        """Threads still blocked when the capture ends (`end_ns`, before the targets were released) go into the
+        file as blocked until then. After the last drain."""
+        if self.sampler is not None and self.sampler.config.off_cpu:
+            self.sampler.finish_off_cpu(end_ns)
+            self.drain()
 
     def write_probe_output(self) -> None:
         """The runtime calls decoded so far, and the GPU code they loaded, into the file."""

@@ -127,7 +127,7 @@ class Session:
         header = new_header(cfg.sampler.frequency, sampler.event_used, cfg.argv or sys.argv,
                             " ".join(cfg.command) if cfg.command else
                             "all processes" if cfg.all_processes else f"pid {cfg.pid}",
-                            {"sampling": cfg.sampler.describe(sampler.event_used)})
+                            {"sampling": cfg.sampler.describe(sampler.event_used)}, off_cpu=cfg.sampler.off_cpu)
         writer = CaptureWriter(path, header)
         pipe.open_file(writer)
         if launcher:
@@ -159,8 +159,10 @@ class Session:
                 self._stop_reason = f"command exited ({launcher.exit_code})"
             elif not launcher and root_pid is not None and not alive(root_pid):
                 self._stop_reason = "target exited"
+        stop_ns = mono_ns()
         pipe.release_targets()
         pipe.drain()  # answers the stops already sent; finish() continues any still held
+        pipe.finish_off_cpu(stop_ns)
         if pipe.probes:
             pipe.probes.finish(mono_ns())
         code_warnings = pipe.write_gpu_code()

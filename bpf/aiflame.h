@@ -18,6 +18,8 @@ enum aiflame_rec_kind {
     REC_CALL = 5,   /* a probed runtime call entered (call_rec) */
     REC_RET = 6,    /* a probed runtime call returned (ret_rec) */
     REC_OPEN = 7,   /* a target opened a shared library; it is stopped until the agent has probed it */
+    REC_OFFCPU = 8, /* a target thread went to sleep: its stack (sample_rec; time_ns: when; bpf/offcpu.bpf.c) */
+    REC_OFFCPU_END = 9, /* ... and how long it slept (offcpu_end_rec) */
 };
 
 /* Counters kept per CPU; the agent sums them and reports each one. */
@@ -35,7 +37,9 @@ enum aiflame_counter {
     CNT_UW_TAILCALL_FAIL = 10, /* a CFI walk could not tail-call on (its prog array empty): frame pointers used */
     CNT_STOPS_UNRECORDED = 11, /* a target not stopped at a probe: the stops map was full */
     CNT_CALL_SKIPPED = 12, /* PROBE_SAMPLE calls over the per-CPU record budget: counted in call_skipped, no record */
-    CNT_MAX = 13,
+    CNT_OFFCPU = 13,      /* target threads' blocks recorded (--off-cpu) */
+    CNT_OFFCPU_LOST = 14, /* off-CPU records dropped: ring buffer full */
+    CNT_MAX = 15,
 };
 
 /* values of the targets map (records.py TargetFlag) */
@@ -92,6 +96,16 @@ struct sample_rec {
     __u32 unwind;      /* how the user stack was walked: UW_STOP_* | UW_USED_FP (bpf/unwind.h); 0: frame pointers */
     __u32 pad;
     __u64 data[AIFLAME_SAMPLE_WORDS];
+};
+
+/* The end of a block whose REC_OFFCPU sample_rec went out earlier (the agent pairs them by tid and out_ns). */
+struct offcpu_end_rec {
+    __u32 kind;        /* REC_OFFCPU_END */
+    __u32 cpu;
+    __u64 time_ns;     /* when the block ended: the thread's wakeup (else when it ran again) */
+    __u32 pid;
+    __u32 tid;
+    __u64 out_ns;      /* when it blocked: the time_ns of its REC_OFFCPU record */
 };
 
 struct proc_rec {

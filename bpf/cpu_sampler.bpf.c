@@ -598,8 +598,9 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
     *py_flags = flags;
 }
 
-/* After the user stack: the kernel stack, the Python frames, and the record out to the ring buffer. */
-static __always_inline int finish_sample(struct bpf_perf_event_data *ctx, struct sample_rec *rec, u32 target) {
+/* After the user stack: the kernel stack, the Python frames, and the record out to the ring buffer. `ctx` is the
+program's context (a perf event's, or a tracepoint's for off-CPU records): the kernel stack is current's. */
+static __always_inline int finish_sample(void *ctx, struct sample_rec *rec, u32 target) {
     if (rec->user_len < 0)
         count(CNT_USTACK_ERR);
     u32 nu = rec->user_len > 0 ? (u32)rec->user_len / 8 : 0;
@@ -619,7 +620,7 @@ static __always_inline int finish_sample(struct bpf_perf_event_data *ctx, struct
     if (size > sizeof(struct sample_rec))
         size = sizeof(struct sample_rec);
     if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) != 0)
-        count(CNT_LOST);
+        count(rec->kind == REC_SAMPLE ? CNT_LOST : CNT_OFFCPU_LOST);
     return 0;
 }
 
@@ -747,13 +748,8 @@ static __always_inline int uw_after_call(u64 ra) {
  * kernels such as MKL's): the nearest word above sp that points into a mapped file just after a call instruction
  * is taken as the frame's return address (as crash unwinders do as a last resort); the walk goes on from there
  * (through more such code by more scans, up to UW_MAX_SCANS), and the sample says a frame was found so
- * (UW_USED_SCAN). */
-int uw_scan(struct bpf_perf_event_data *ctx) {
-    u32 zero = 0;
-    struct sample_rec *rec = sample_scratch.lookup(&zero);
-    struct uw_state *st = uw_scratch.lookup(&zero);
-    if (!rec || !st)
-        return 0;
+ * (UW_USED_SCAN). uw_scan_ra returns whether it found one (else the walk is marked stopped). */
+static __always_inline int uw_scan_ra(struct sample_rec *rec, struct uw_state *st) {
     st->scan_now = 0;
     st->scans++;
     u32 pid = rec->pid;
@@ -774,10 +770,19 @@ int uw_scan(struct bpf_perf_event_data *ctx) {
         found = 1;
         break;
     }
-    if (found)
-        uw_progs.call(ctx, UW_PROG_STEP);
-    else
+    if (!found)
         st->why |= UW_STOP_NOT_COVERED;
+    return found;
+}
+
+int uw_scan(struct bpf_perf_event_data *ctx) {
+    u32 zero = 0;
+    struct sample_rec *rec = sample_scratch.lookup(&zero);
+    struct uw_state *st = uw_scratch.lookup(&zero);
+    if (!rec || !st)
+        return 0;
+    if (uw_scan_ra(rec, st))
+        uw_progs.call(ctx, UW_PROG_STEP);
     uw_sample_done(ctx, rec, st);
     return 0;
 }

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from aiflame.core.model import Profile
     from aiflame.symbolize.stacks import StackOptions
 
-VIEWS = ("cpu", "launches", "stalls", "combined")
+VIEWS = ("cpu", "launches", "stalls", "combined", "offcpu", "wall")
 
 
 def add_view_options(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,9 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--view", choices=VIEWS, default="cpu",
                    help="cpu: CPU samples (default); launches: accelerator kernel launches, "
                         "<CPU stack> ; - ; <kernel>, weighted by launch count; stalls: accelerator stall samples "
-                        "on their launch stacks (the AI flame graph); combined: CPU and stall samples together")
+                        "on their launch stacks (the AI flame graph); combined: CPU and stall samples together; "
+                        "offcpu: where threads blocked, in ns (captures made with profile --off-cpu); wall: CPU and "
+                        "blocked time in one graph, in ns (each CPU sample weighs one sampling period)")
 
 
 def stack_options(args: argparse.Namespace) -> StackOptions:
@@ -64,6 +66,10 @@ def load_profile(path: Path, options: StackOptions | None = None, view: str = "c
             from aiflame.symbolize.stalls import stall_view
 
             return stall_view(cap, prof, view)
+        if view in ("offcpu", "wall"):
+            from aiflame.symbolize.offcpu import offcpu_profile, wall_profile
+
+            return offcpu_profile(prof) if view == "offcpu" else wall_profile(prof)
         if view == "launches":
             if not any(e.kind == EventKind.COMPUTE for e in prof.events):
                 raise CaptureError(f"{path}: no kernel launches in this capture (the launch view is empty)")

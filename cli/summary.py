@@ -72,6 +72,8 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
         if elapsed_s:
             line += f" ({100 * agent_cpu_s / elapsed_s:.2f}% of a core)"
     console.print(line)
+    if (blocked := off_cpu_line(prof)):
+        console.print(escape(blocked))
     if py:
         console.print(py)
     if (walked := unwind_line(prof)):
@@ -121,4 +123,23 @@ def unwind_line(prof: Profile) -> str:
         line += "; stopped early: " + ", ".join(f"{key.replace('_', ' ')} {n}" for n, key in stops)
     if prof.meta.get("unwind_worst"):
         line += f"; most in {prof.meta['unwind_worst']}"
+    return line
+
+
+def off_cpu_line(prof: Profile) -> str:
+    """Time blocked (`profile --off-cpu`): in all, and what the CUDA sync and NCCL markers name; "" without."""
+    if not prof.off_cpu and not prof.counters.get("offcpu"):
+        return ""
+    by_marker: Counter[str] = Counter()
+    for s in prof.off_cpu:
+        by_marker[s.stack[-1].name if s.stack else ""] += s.weight
+    total = sum(by_marker.values())
+    line = f"off-CPU: {total / 1e9:.2f} s blocked in {len(prof.off_cpu)} blocks"
+    named = [f"{name.removeprefix('[off-cpu: ').removesuffix(']')} {w / 1e9:.2f} s"
+             for name, w in sorted(by_marker.items()) if name.startswith("[off-cpu: ")]
+    if named:
+        line += " (" + ", ".join(named) + ")"
+    c = prof.counters
+    if c.get("offcpu_lost") or c.get("offcpu_unpaired"):
+        line += f"  lost {c.get('offcpu_lost', 0)}  unpaired {c.get('offcpu_unpaired', 0)}"
     return line

@@ -42,7 +42,7 @@ class Header(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., aiflame_version: _Optional[str] = ..., host: _Optional[str] = ..., kernel: _Optional[str] = ..., machine: _Optional[str] = ..., frequency_hz: _Optional[int] = ..., event: _Optional[str] = ..., start_wall_ns: _Optional[int] = ..., start_mono_ns: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., target: _Optional[str] = ..., meta: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("time_ns", "pid", "tid", "cpu", "comm", "user", "kern", "user_err", "kern_err", "weight", "py", "py_flags", "unwind")
+    __slots__ = ("time_ns", "pid", "tid", "cpu", "comm", "user", "kern", "user_err", "kern_err", "weight", "py", "py_flags", "unwind", "off_cpu_ns")
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class Sample(_message.Message):
     PY_FIELD_NUMBER: _ClassVar[int]
     PY_FLAGS_FIELD_NUMBER: _ClassVar[int]
     UNWIND_FIELD_NUMBER: _ClassVar[int]
+    OFF_CPU_NS_FIELD_NUMBER: _ClassVar[int]
     time_ns: int
     pid: int
     tid: int
@@ -69,7 +70,8 @@ class Sample(_message.Message):
     py: _containers.RepeatedCompositeFieldContainer[PyFrame]
     py_flags: int
     unwind: int
-    def __init__(self, time_ns: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., cpu: _Optional[int] = ..., comm: _Optional[str] = ..., user: _Optional[_Iterable[int]] = ..., kern: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., kern_err: _Optional[int] = ..., weight: _Optional[int] = ..., py: _Optional[_Iterable[_Union[PyFrame, _Mapping]]] = ..., py_flags: _Optional[int] = ..., unwind: _Optional[int] = ...) -> None: ...
+    off_cpu_ns: int
+    def __init__(self, time_ns: _Optional[int] = ..., pid: _Optional[int] = ..., tid: _Optional[int] = ..., cpu: _Optional[int] = ..., comm: _Optional[str] = ..., user: _Optional[_Iterable[int]] = ..., kern: _Optional[_Iterable[int]] = ..., user_err: _Optional[int] = ..., kern_err: _Optional[int] = ..., weight: _Optional[int] = ..., py: _Optional[_Iterable[_Union[PyFrame, _Mapping]]] = ..., py_flags: _Optional[int] = ..., unwind: _Optional[int] = ..., off_cpu_ns: _Optional[int] = ...) -> None: ...
 
 class PyFrame(_message.Message):
     __slots__ = ("code", "instr", "owner", "is_entry")

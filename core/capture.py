@@ -40,6 +40,9 @@ from aiflame.core.safe_files import FileRefused, OutputDir
 
 MAGIC = b"AIFLCAP\n"
 FORMAT_VERSION = 1
+# Captures holding off-CPU samples (`profile --off-cpu`): a reader of format 1 would count them as CPU samples.
+OFF_CPU_FORMAT_VERSION = 2
+READ_VERSION = OFF_CPU_FORMAT_VERSION  # the newest format this aiflame reads
 # The largest record the writer writes and the reader takes (records are held whole in memory to decode). Code
 # objects are split into pieces of MAX_PIECE (torch's modules hold cubins of over 64 MiB), stall batches end at
 # STALL_BATCH samples or STALL_BATCH_BYTES, and any other record passing the limit is refused by the writer.
@@ -64,16 +67,18 @@ def _varint(n: int) -> bytes:
 
 
 def new_header(frequency_hz: int, event: str, argv: Sequence[str], target: str,
-               meta: dict[str, str] | None = None) -> CaptureHeader:
+               meta: dict[str, str] | None = None, off_cpu: bool = False) -> CaptureHeader:
     """The header of a capture that starts now on this host: format and aiflame versions, host, kernel and
-    machine, and the start on both clocks (samples carry CLOCK_MONOTONIC times)."""
+    machine, and the start on both clocks (samples carry CLOCK_MONOTONIC times). `off_cpu`: it will hold off-CPU
+    samples (format 2; others stay format 1, which older aiflame versions read)."""
     extra = dict(meta or {})
     try:  # which boot of the host the monotonic times are of (captures of several hosts are joined by clock)
         extra.setdefault("boot_id", Path("/proc/sys/kernel/random/boot_id").read_text().strip())
     except OSError:
         pass
     return CaptureHeader(
-        FORMAT_VERSION, __version__, socket.gethostname(), platform.release(), platform.machine(), frequency_hz,
+        OFF_CPU_FORMAT_VERSION if off_cpu else FORMAT_VERSION, __version__, socket.gethostname(), platform.release(),
+        platform.machine(), frequency_hz,
         event, time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC), list(argv), target, extra,
     )
 
@@ -107,7 +112,7 @@ def sample_to_pb(s: RawSample) -> pb.Sample:
     m = pb.Sample(
         time_ns=s.time_ns, pid=s.pid, tid=s.tid, cpu=s.cpu, comm=s.comm, user=s.user, kern=s.kern,
         user_err=s.user_err, kern_err=s.kern_err, weight=0 if s.weight == 1 else s.weight, py_flags=s.py_flags,
-        unwind=s.unwind,
+        unwind=s.unwind, off_cpu_ns=s.off_cpu_ns,
     )
     for f in s.py:
         m.py.add(code=f.code, instr=f.instr, owner=f.owner, is_entry=f.is_entry)
@@ -387,9 +392,9 @@ def read_capture(path: Path, *, partial: bool = False) -> Capture:
             if which != "header":
                 raise CaptureError(f"{name}: corrupt capture (no header)")
             h = rec.header
-            if h.format_version > FORMAT_VERSION:
+            if h.format_version > READ_VERSION:
                 raise CaptureError(
-                    f"{name}: capture format {h.format_version} is newer than this aiflame reads ({FORMAT_VERSION})"
+                    f"{name}: capture format {h.format_version} is newer than this aiflame reads ({READ_VERSION})"
                 )
             cap = Capture(header_from_pb(h))
             continue
@@ -401,7 +406,7 @@ def read_capture(path: Path, *, partial: bool = False) -> Capture:
             cap.samples.append(RawSample(
                 s.time_ns, s.pid, s.tid, s.cpu, s.comm, tuple(s.user), tuple(s.kern), s.user_err, s.kern_err,
                 s.weight or 1, tuple(RawPyFrame(f.code, f.instr, f.owner, f.is_entry) for f in s.py), s.py_flags,
-                s.unwind,
+                s.unwind, s.off_cpu_ns,
             ))
         elif which == "process":
             p = rec.process

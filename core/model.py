@@ -26,6 +26,7 @@ class FrameKind(enum.IntEnum):
     STALL = 7  # accelerator stall reason
     SEPARATOR = 8  # the '-' frame between layers
     PROCESS = 9  # synthetic root frames: process / thread names
+    OFF_CPU = 10  # the leaf of an off-CPU stack: the thread was blocked here ("[off-cpu: cuda sync]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,11 @@ class TraceEvent:
 
 @dataclass(slots=True)
 class Profile:
-    """Samples and events of one capture, plus its metadata and loss counters."""
+    """Samples and events of one capture, plus its metadata and loss counters.
+
+    `off_cpu` holds where threads blocked (`profile --off-cpu`), apart from the samples: each weighs the ns its
+    thread stayed blocked and its stack ends in an OFF_CPU frame. Views that show them put them in `samples`
+    (symbolize/offcpu.py)."""
 
     samples: list[Sample] = field(default_factory=list)
     events: list[TraceEvent] = field(default_factory=list)
@@ -104,6 +109,7 @@ class Profile:
     counters: dict[str, int] = field(default_factory=dict)
     start_ns: int = 0
     end_ns: int = 0
+    off_cpu: list[Sample] = field(default_factory=list)
 
     @property
     def total_weight(self) -> int:

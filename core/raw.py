@@ -45,6 +45,9 @@ class RawSample:
     py: tuple[RawPyFrame, ...] = ()  # newest first
     py_flags: int = 0  # PyFlag bits
     unwind: int = 0  # how the user stack was walked: UW_STOP_* | UW_USED_FP (bpf/unwind.h); 0: frame pointers
+    # Nonzero: not a CPU sample but an off-CPU one (`profile --off-cpu`): the thread blocked at this stack at
+    # time_ns and stayed blocked this many ns (until its wakeup).
+    off_cpu_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,6 +114,8 @@ class Exporter(abc.ABC):
 
     def summary(self, profile: Profile) -> str:
         """What the file of `profile` holds, in a few words."""
+        if profile.unit == "ns":  # the offcpu and wall views
+            return f"{profile.total_weight / 1e9:.3f} s"
         return f"{profile.total_weight} samples"
 
     @classmethod

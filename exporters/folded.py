@@ -94,6 +94,8 @@ def _parse_frame(label: str) -> Frame:
     for suffix, kind in _ANNOTATIONS:
         if label.endswith(suffix):
             return Frame(label[: -len(suffix)], kind)
+    if label.startswith("[off-cpu"):
+        return Frame(label, FrameKind.OFF_CPU)
     if label.startswith("py::"):
         # The label's " (file:line)" stays part of the name: splitting it back out would be guesswork.
         return Frame(label[4:], FrameKind.PYTHON)

@@ -93,7 +93,7 @@ class Obfuscator:
     def frame(self, f: Frame) -> Frame:
         hit = self._frames.get(f)
         if hit is None:
-            if f.kind == FrameKind.SEPARATOR:
+            if f.kind in (FrameKind.SEPARATOR, FrameKind.OFF_CPU):  # "-", "[off-cpu: nccl]": no names of theirs
                 hit = f
             else:
                 kind = {FrameKind.PROCESS: "proc", FrameKind.KERNEL: "kfn", FrameKind.ACCEL_SOURCE: "kernel",
@@ -117,9 +117,10 @@ class Obfuscator:
 
     def profile(self, prof: Profile) -> Profile:
         """A copy of `prof` with every name replaced; counts, weights, times and structure unchanged."""
-        samples = [Sample(self.stack(s.stack), s.weight, s.pid, s.tid, self.name("proc", s.comm), s.cpu, s.time_ns)
-                   for s in prof.samples]
+        def sample(s: Sample) -> Sample:
+            return Sample(self.stack(s.stack), s.weight, s.pid, s.tid, self.name("proc", s.comm), s.cpu, s.time_ns)
+
         meta = {k: (v if k in KEPT_META else self.name(k, v)) for k, v in prof.meta.items()}
         meta["obfuscated"] = "yes"
-        return Profile(samples, [self.event(e) for e in prof.events], prof.unit, meta, dict(prof.counters),
-                       prof.start_ns, prof.end_ns)
+        return Profile([sample(s) for s in prof.samples], [self.event(e) for e in prof.events], prof.unit, meta,
+                       dict(prof.counters), prof.start_ns, prof.end_ns, [sample(s) for s in prof.off_cpu])

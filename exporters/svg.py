@@ -61,6 +61,7 @@ _PALETTES: dict[FrameKind, tuple[_Range, _Range, _Range]] = {
     FrameKind.ACCEL_INSTR: ((60, 120), (180, 235), (50, 100)),
     FrameKind.STALL: ((30, 90), (150, 200), (40, 90)),
     FrameKind.PROCESS: ((150, 190), (90, 130), (200, 240)),
+    FrameKind.OFF_CPU: ((60, 110), (110, 160), (210, 250)),  # blue, as off-CPU flame graphs draw blocked time
 }
 _GREYS: dict[FrameKind, _Range] = {
     FrameKind.SEPARATOR: (160, 160),

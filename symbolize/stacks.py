@@ -15,6 +15,7 @@ from aiflame.core.unwind import END as UNWIND_END
 from aiflame.core.unwind import stop_of
 from aiflame.symbolize.events import trace_events
 from aiflame.symbolize.native import NativeSymbolizer, offset_name
+from aiflame.symbolize.offcpu import with_marker
 from aiflame.symbolize.python.code import line_for
 from aiflame.symbolize.python.merge import fold_interpreter, merge, python_runs
 from aiflame.symbolize.unwind_report import unwind_report
@@ -158,6 +159,7 @@ def symbolize_capture(
             frames.append(Frame(comms.get(s.pid) or s.comm or str(s.pid), FrameKind.PROCESS))
         if opts.group == "thread":
             frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
+        user: list[Frame] = []
         if opts.user:
             user = _user_frames(s, chain, names)
             if s.py and s.py_flags & PyFlag.TSTATE and opts.python != "native":
@@ -173,6 +175,8 @@ def symbolize_capture(
                     f = Frame(name, FrameKind.KERNEL, module="[kernel]") if name else UNKNOWN_KERNEL
                     kcache[addr] = f
                 frames.append(f)
+        if s.off_cpu_ns:  # where it blocked: the leaf says on what
+            return with_marker(tuple(frames), user)
         return tuple(frames)
 
     # A busy loop repeats a handful of raw stacks thousands of times: build each distinct one once, so equal
@@ -193,7 +197,8 @@ def symbolize_capture(
             raw_key = (s.pid, chain.resolution, s.kern, tuple(map(_PY_FIELDS, s.py)), s.py_flags, s.user_err != 0,
                        stop_of(s.unwind),
                        pynames.epoch(s.pid, s.time_ns) if s.py else 0,
-                       (comms.get(s.pid) or s.comm) if who else "", (s.comm, s.tid) if thread else None)
+                       (comms.get(s.pid) or s.comm) if who else "", (s.comm, s.tid) if thread else None,
+                       s.off_cpu_ns != 0)
             hit = memo.get(raw_key)
         if hit is None:
             delta: dict[str, int] = {}
@@ -204,10 +209,14 @@ def symbolize_capture(
         for k, v in delta.items():
             prof.counters[k] = prof.counters.get(k, 0) + v
         if n < len(cap.samples):
-            prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
+            if s.off_cpu_ns:
+                prof.off_cpu.append(Sample(stack, s.off_cpu_ns, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
+            else:
+                prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
         else:
             event_stacks.append(stack)
-    stops, worst = unwind_report(cap.samples, lambda s: _outermost_file(index.get(s.pid), s))
+    stops, worst = unwind_report((s for s in cap.samples if not s.off_cpu_ns),
+                                 lambda s: _outermost_file(index.get(s.pid), s))
     prof.counters.update(stops)
     if worst:
         prof.meta["unwind_worst"] = worst

@@ -1,6 +1,6 @@
 """The sampler's ring-buffer records (bpf/aiflame.h; agent/kernel/records.py mirrors their layout) decoded into
-their Python form: `decode_record` gives a RawSample, a ProcEvent, or a probe's CallRecord, RetRecord or
-OpenRecord."""
+their Python form: `decode_record` gives a RawSample, a ProcEvent, a probe's CallRecord, RetRecord or
+OpenRecord, or an off-CPU OffCpuStack or OffCpuEnd."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ctypes
 import struct
 from dataclasses import dataclass
 
-from aiflame.agent.kernel.records import CallRec, OpenRec, ProcRec, RecKind, RetRec, SampleRec
+from aiflame.agent.kernel.records import CallRec, OffCpuEndRec, OpenRec, ProcRec, RecKind, RetRec, SampleRec
 from aiflame.core.raw import RawPyFrame, RawSample
 
 
@@ -62,14 +62,32 @@ class OpenRecord:
 ProbeRecord = CallRecord | RetRecord | OpenRecord
 
 
+@dataclass(frozen=True, slots=True)
+class OffCpuStack:
+    """A target thread blocked at this stack at sample.time_ns; how long comes with its OffCpuEnd."""
+
+    sample: RawSample
+
+
+@dataclass(frozen=True, slots=True)
+class OffCpuEnd:
+    """The block of thread `tid` that began at `out_ns` (its OffCpuStack's time) ended at `end_ns`."""
+
+    pid: int
+    tid: int
+    out_ns: int
+    end_ns: int
+
+
 _HEAD = struct.Struct("<IIQIIii16sIIII")  # sample_rec up to data[]
 _P_HEAD = struct.Struct("<IIQII16s")
 _C_HEAD = struct.Struct("<IIQIIIi8Q4QIIIiII128s")  # call_rec up to data[]
 _R_REC = struct.Struct("<IIQIIIIQQ")
 _O_HEAD = struct.Struct("<IIQII")
+_E_REC = struct.Struct("<IIQIIQ")
 assert _HEAD.size == SampleRec.data.offset and _P_HEAD.size == ctypes.sizeof(ProcRec)
 assert _C_HEAD.size == CallRec.data.offset and _R_REC.size == ctypes.sizeof(RetRec)
-assert _O_HEAD.size == OpenRec.path.offset
+assert _O_HEAD.size == OpenRec.path.offset and _E_REC.size == ctypes.sizeof(OffCpuEndRec)
 
 
 def _py_frames(data: tuple[int, ...], base: int, count: int) -> tuple[RawPyFrame, ...]:
@@ -96,20 +114,29 @@ def _decode_call(buf: bytes) -> CallRecord:
     )
 
 
-def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | None:
+def _decode_sample(buf: bytes) -> RawSample:
+    _, cpu, t, pid, tid, ulen, klen, comm, py_count, py_flags, unwind, _pad = _HEAD.unpack_from(buf)
+    words = (len(buf) - _HEAD.size) // 8
+    data = struct.unpack_from(f"<{words}Q", buf, _HEAD.size) if words > 0 else ()
+    nu = min(max(ulen, 0) // 8, len(data))
+    nk = min(max(klen, 0) // 8, len(data) - nu)
+    py = _py_frames(data, nu + nk, py_count)
+    return RawSample(
+        t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), tuple(data[:nu]),
+        tuple(data[nu:nu + nk]), min(ulen, 0), min(klen, 0), 1, py, py_flags, unwind,
+    )
+
+
+def decode_record(buf: bytes) -> RawSample | ProcEvent | ProbeRecord | OffCpuStack | OffCpuEnd | None:
     """Turn one ring-buffer record into its Python form (None for an unknown kind)."""
     kind = int.from_bytes(buf[:4], "little")
     if kind == RecKind.SAMPLE:
-        _, cpu, t, pid, tid, ulen, klen, comm, py_count, py_flags, unwind, _pad = _HEAD.unpack_from(buf)
-        words = (len(buf) - _HEAD.size) // 8
-        data = struct.unpack_from(f"<{words}Q", buf, _HEAD.size) if words > 0 else ()
-        nu = min(max(ulen, 0) // 8, len(data))
-        nk = min(max(klen, 0) // 8, len(data) - nu)
-        py = _py_frames(data, nu + nk, py_count)
-        return RawSample(
-            t, pid, tid, cpu, comm.split(b"\0", 1)[0].decode(errors="replace"), tuple(data[:nu]),
-            tuple(data[nu:nu + nk]), min(ulen, 0), min(klen, 0), 1, py, py_flags, unwind,
-        )
+        return _decode_sample(buf)
+    if kind == RecKind.OFFCPU:
+        return OffCpuStack(_decode_sample(buf))
+    if kind == RecKind.OFFCPU_END:
+        _, _cpu, t, pid, tid, out_ns = _E_REC.unpack_from(buf)
+        return OffCpuEnd(pid, tid, out_ns, t)
     if kind in (RecKind.FORK, RecKind.EXEC, RecKind.EXIT):
         _, _cpu, t, pid, child, comm = _P_HEAD.unpack_from(buf)
         return ProcEvent(RecKind(kind), t, pid, child, comm.split(b"\0", 1)[0].decode(errors="replace"))

@@ -34,6 +34,8 @@ class RecKind(enum.IntEnum):
     CALL = 5
     RET = 6
     OPEN = 7
+    OFFCPU = 8
+    OFFCPU_END = 9
 
 
 class ProbeFlag(enum.IntFlag):
@@ -62,12 +64,14 @@ class Counter(enum.IntEnum):
     UW_TAILCALL_FAIL = 10
     STOPS_UNRECORDED = 11
     CALL_SKIPPED = 12
+    OFFCPU = 13
+    OFFCPU_LOST = 14
 
 
-COUNTER_SLOTS = 13
+COUNTER_SLOTS = 15
 
 
-# The head every record starts with (struct sample_rec, proc_rec, call_rec, ret_rec, open_rec).
+# The head every record starts with (struct sample_rec, proc_rec, call_rec, ret_rec, open_rec, offcpu_end_rec).
 _HEAD = [
     ("kind", ctypes.c_uint32),
     ("cpu", ctypes.c_uint32),
@@ -110,6 +114,14 @@ class SampleRec(ctypes.Structure):
         ("unwind", ctypes.c_uint32),  # UW_STOP_* | UW_USED_FP (bpf/unwind.h); 0: frame pointers by the kernel
         ("pad", ctypes.c_uint32),
         ("data", ctypes.c_uint64 * SAMPLE_WORDS),  # packed: user, kernel, then 2 words per Python frame
+    ]
+
+
+class OffCpuEndRec(ctypes.Structure):
+    _fields_ = [
+        *_HEAD,
+        ("tid", ctypes.c_uint32),
+        ("out_ns", ctypes.c_uint64),
     ]
 
 

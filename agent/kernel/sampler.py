@@ -22,11 +22,13 @@ from aiflame.agent.kernel.bpf_sys import (
     PERF_TYPE_SOFTWARE,
 )
 from aiflame.agent.kernel.decode import CallRecord as CallRecord
+from aiflame.agent.kernel.decode import OffCpuEnd, OffCpuStack
 from aiflame.agent.kernel.decode import OpenRecord as OpenRecord
 from aiflame.agent.kernel.decode import ProbeRecord as ProbeRecord
 from aiflame.agent.kernel.decode import ProcEvent as ProcEvent
 from aiflame.agent.kernel.decode import RetRecord as RetRecord
 from aiflame.agent.kernel.decode import decode_record as decode_record
+from aiflame.agent.kernel.offcpu import OffCpuPairs
 from aiflame.agent.kernel.records import Counter, ProbeSpecRec, PyProcRec, TargetFlag
 from aiflame.agent.kernel.ringbuf import RingBuffer
 from aiflame.agent.kernel.stop_watchdog import StopWatchdog
@@ -39,6 +41,7 @@ from aiflame.core.unwind import STOP_MASK
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 SOURCE = BPF_DIR / "cpu_sampler.bpf.c"
 PROBES_SOURCE = BPF_DIR / "runtime_probes.bpf.c"
+OFFCPU_SOURCE = BPF_DIR / "offcpu.bpf.c"
 
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,8 @@ class SamplerConfig:
     # With probes: launch records a second per CPU (a token bucket of 64); launches beyond are counted per kernel
     # in BPF and carried by the next record of the same kernel (bpf/runtime_probes.bpf.c, PROBE_SAMPLE). 0: all.
     call_rate: int = 2000
+    # Where target threads block and for how long (bpf/offcpu.bpf.c at sched_switch): built only when asked.
+    off_cpu: bool = False
 
     @property
     def thinning(self) -> int:
@@ -114,10 +119,12 @@ class SamplerConfig:
 
 
 def program_text(config: SamplerConfig) -> str:
-    """The source handed to BCC: the sampler, plus the runtime probes when asked for."""
+    """The source handed to BCC: the sampler, plus the runtime probes and the off-CPU recorder when asked for."""
     text = SOURCE.read_text()
     if config.probes:
         text += "\n" + PROBES_SOURCE.read_text()
+    if config.off_cpu:
+        text += "\n" + OFFCPU_SOURCE.read_text()
     return text
 
 
@@ -144,13 +151,17 @@ LAYOUT_MAPS = {"sample_rec": "layout_sample", "proc_rec": "layout_proc", "py_pro
                "unwind_proc": "layout_unwind_proc", "unwind_rule": "layout_unwind_rule"}
 PROBE_LAYOUT_MAPS = {"call_rec": "layout_call", "ret_rec": "layout_ret", "open_rec": "layout_open",
                      "probe_spec": "layout_spec"}
-UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "uw_progs", "uw_call_progs"]
-# The tail-call programs of the CFI walk, by prog array: index 0 steps (UW_PROG_STEP), 1 finishes the record, 2
-# scans the stack past code without CFI (samples only: UW_PROG_SCAN).
-UW_PROGS = {"uw_progs": ("uw_step", "sample_finish", "uw_scan"), "uw_call_progs": ("uw_call_step", "call_finish")}
+OFFCPU_LAYOUT_MAPS = {"offcpu_end_rec": "layout_offcpu_end"}
+UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "uw_progs", "uw_call_progs",
+               "uw_off_progs"]
+# The tail-call programs of the CFI walk, by prog array (one per program type: samples, probed calls, off-CPU
+# stacks): index 0 steps (UW_PROG_STEP), 1 finishes the record, 2 scans the stack past code without CFI (not for
+# launch stacks: UW_PROG_SCAN).
+UW_PROGS = {"uw_progs": ("uw_step", "sample_finish", "uw_scan"), "uw_call_progs": ("uw_call_step", "call_finish"),
+            "uw_off_progs": ("uw_off_step", "offcpu_finish", "uw_off_scan")}
 MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", "call_skipped",
         *UNWIND_MAPS,
-        *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values()]
+        *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values(), *OFFCPU_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _SAMPLE_KEY = struct.Struct("<IIQ")  # struct sample_key: tgid, probe, arg
@@ -176,6 +187,7 @@ class CpuSampler:
         self._unwind: UnwindTables | None = None
         self._watchdog: StopWatchdog | None = None
         self.maps_full: dict[str, int] = {}  # per-process map -> processes it had no room for
+        self._off_cpu = OffCpuPairs()
         self.event_used = ""
 
     def start(self, pids: list[int], on_compile: Callable[[str], None] | None = None) -> None:
@@ -184,6 +196,8 @@ class CpuSampler:
         if self.config.probes:
             functions |= {"on_call": "uprobe", "on_ret": "uprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
                                                                                    "uprobe")
+        if self.config.off_cpu:  # tracepoint__sched__* come anyway
+            functions |= dict.fromkeys(UW_PROGS["uw_off_progs"], "tracepoint")
         try:
             self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS,
                                         on_compile)
@@ -234,6 +248,14 @@ class CpuSampler:
             if self._unwind is not None and rec.unwind:
                 self._unwind.note_walk(rec.pid, rec.user, rec.unwind & STOP_MASK)
             self._on_sample(rec)
+        elif isinstance(rec, OffCpuStack):
+            if self._unwind is not None and rec.sample.unwind:
+                self._unwind.note_walk(rec.sample.pid, rec.sample.user, rec.sample.unwind & STOP_MASK)
+            self._off_cpu.stack(rec.sample)
+        elif isinstance(rec, OffCpuEnd):
+            done = self._off_cpu.end(rec)
+            if done is not None:
+                self._on_sample(done)
         elif isinstance(rec, ProcEvent):
             self._on_proc(rec)
         elif rec is not None and self._on_probe is not None:
@@ -383,10 +405,18 @@ class CpuSampler:
         """Opens of any library stop targets again (after the probes were detached to be placed anew)."""
         self._bpf.maps["libs_seen"].clear()
 
+    def finish_off_cpu(self, end_ns: int) -> None:
+        """The threads still blocked at the end of the capture (`end_ns`) become off-CPU samples, blocked until
+        then; drain first, so that the ends of blocks already over are in."""
+        for s in self._off_cpu.finish(end_ns):
+            self._on_sample(s)
+
     def counters(self) -> dict[str, int]:
         table = self._bpf.maps["counters"]
         out = {c.name.lower(): sum(_U64.unpack(v)[0] for v in table.lookup_percpu(_U32.pack(c.value)))
-               for c in Counter}
+               for c in Counter if self.config.off_cpu or not c.name.startswith("OFFCPU")}
+        if self.config.off_cpu:
+            out["offcpu_unpaired"] = self._off_cpu.unpaired
         if self._watchdog is not None:
             self._watchdog.poll()
             out["stops_resumed_by_watchdog"] = self._watchdog.resumed
@@ -396,7 +426,8 @@ class CpuSampler:
 
     def layouts(self) -> dict[str, tuple[list[tuple[str, int, int]], int]]:
         """The record structs as the compiler laid them out: (fields as (name, offset, size), size), by name."""
-        names = LAYOUT_MAPS | (PROBE_LAYOUT_MAPS if self.config.probes else {})
+        names = LAYOUT_MAPS | (PROBE_LAYOUT_MAPS if self.config.probes else {}) | \
+            (OFFCPU_LAYOUT_MAPS if self.config.off_cpu else {})
         maps = self._bpf.maps
         return {struct_name: (maps[m].fields, maps[m].value_size) for struct_name, m in names.items()}
 

@@ -23,6 +23,8 @@ __all__ = ["EXAMPLES", "Command", "UsageError", "warn"]
 EXAMPLES = """examples:
   aiflame profile --pid 1234 -d 30            profile a running process for 30 s
   aiflame profile -F 999 -- ./train.sh --fast start a command and profile it until it exits
+  aiflame profile --off-cpu --pid 1234 -d 30  also where its threads block: offcpu.svg, wall.svg (on + off CPU)
+  aiflame export out/profile.aiflame --view wall -f folded -o wall.folded
   aiflame export out/profile.aiflame --format speedscope -o prof.json
   aiflame export out/profile.aiflame --format chakra -o traces/job   one traces/job.<rank>.et per rank
   aiflame report comm out/profile.aiflame     collectives per rank, imbalance flagged, plot

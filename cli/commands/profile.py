@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     smp.add_argument("-F", "--frequency", type=argtypes.frequency, default=99, help="samples per second per CPU (99)")
     smp.add_argument("--event", choices=("auto", "cpu-clock", "cycles"), default="cpu-clock",
                      help="perf event to sample on: cpu-clock (default), cycles, or auto (cycles if the PMU has it)")
+    smp.add_argument("--off-cpu", action="store_true",
+                     help="also record where the targets' threads block and for how long (from going to sleep to "
+                          "their wakeup, at the sched_switch tracepoint): offcpu.folded/.svg show the blocked "
+                          "time, wall.folded/.svg CPU and blocked time in one graph (ns); blocks in CUDA "
+                          "synchronization or NCCL end in [off-cpu: cuda sync] or [off-cpu: nccl]. Costs a stack "
+                          "walk per block")
     out = p.add_argument_group("output")
     out.add_argument("-o", "--output", type=Path,
                      help="output directory, made if missing (default ./aiflame-YYYYmmdd-HHMMSS); one that already "
@@ -147,11 +153,14 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if args.all and (args.pid is not None or command):
         raise UsageError("-a profiles every process: give it without --pid or a command")
+    if args.all and args.off_cpu:
+        raise UsageError("--off-cpu records where the targets' threads block: give it with --pid or -- CMD, not -a")
     if args.all and args.delay == "collective":
         raise UsageError("--delay collective needs the runtime probes, which -a does not use")
     runtimes = not args.no_runtimes and not args.all  # probes stop a target at library opens: never host-wide
     sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command),
-                            probes=runtimes, call_rate=args.launch_stacks, all_processes=args.all)
+                            probes=runtimes, call_rate=args.launch_stacks, all_processes=args.all,
+                            off_cpu=args.off_cpu)
     if args.print_bpf:
         print(bpf_source(sampler))
         return 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiflame.agent.kernel.records import (
     CallRec,
+    OffCpuEndRec,
     OpenRec,
     ProbeSpecRec,
     ProcRec,
@@ -28,11 +29,11 @@ def _layout(t: Any) -> list[tuple[str, int, int]]:
 
 
 def test_c_and_python_layouts_agree() -> None:
-    sampler = CpuSampler(SamplerConfig(probes=True), lambda s: None, lambda e: None)
+    sampler = CpuSampler(SamplerConfig(probes=True, off_cpu=True), lambda s: None, lambda e: None)
     sampler.start([])
     mirrors: dict[str, Any] = {"sample_rec": SampleRec, "proc_rec": ProcRec, "py_proc": PyProcRec, "call_rec": CallRec,
                "ret_rec": RetRec, "open_rec": OpenRec, "probe_spec": ProbeSpecRec, "unwind_proc": UnwindProc,
-               "unwind_rule": cfi.RULE}
+               "unwind_rule": cfi.RULE, "offcpu_end_rec": OffCpuEndRec}
     try:
         layouts = sampler.layouts()
         assert layouts.keys() == mirrors.keys()

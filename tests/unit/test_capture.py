@@ -43,7 +43,7 @@ samples = st.builds(
     weight=st.integers(1, 1000),
     py=st.lists(st.builds(RawPyFrame, addr, st.integers(0, 2**32 - 1), st.integers(0, 255), st.integers(0, 1)),
                 max_size=4).map(tuple),
-    py_flags=st.integers(0, 15),
+    py_flags=st.integers(0, 15), off_cpu_ns=st.integers(0, 2**64 - 1),
 )
 
 
