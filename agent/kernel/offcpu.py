@@ -10,18 +10,25 @@ from __future__ import annotations
 from aiflame.agent.kernel.decode import OffCpuEnd
 from aiflame.core.raw import RawSample
 
+MAX_OPEN = 1 << 16  # blocked threads held at once (as many as the BPF side's map holds, and then some)
+
 
 class OffCpuPairs:
-    """The stacks of threads blocked now, by tid, waiting for the end of their block."""
+    """The stacks of threads blocked now, by tid, waiting for the end of their block. At most `limit`: a target
+    whose threads block and die (never to end their block) cannot grow it; the oldest go first, counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_OPEN) -> None:
         self._open: dict[int, RawSample] = {}
-        self.unpaired = 0  # blocks left out: their stack or their end was lost (ring buffer full)
+        self.limit = limit
+        self.unpaired = 0  # blocks left out: their stack or their end was lost (ring buffer full), or evicted
 
     def stack(self, s: RawSample) -> None:
         """Thread s.tid blocked at this stack at s.time_ns."""
-        if s.tid in self._open:
+        if self._open.pop(s.tid, None) is not None:
             self.unpaired += 1  # the end of its previous block was lost
+        elif len(self._open) >= self.limit:
+            del self._open[next(iter(self._open))]  # the longest-blocked (dicts keep insertion order)
+            self.unpaired += 1
         self._open[s.tid] = s
 
     def end(self, e: OffCpuEnd) -> RawSample | None:

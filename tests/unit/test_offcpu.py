@@ -48,6 +48,17 @@ def test_a_block_weighs_from_its_stack_to_its_end() -> None:
     assert len(pairs) == 1 and pairs.unpaired == 0
 
 
+def test_threads_that_block_and_die_cannot_grow_the_pairs() -> None:
+    """A hostile target whose threads block and exit (their block never ends): the oldest open blocks go, counted."""
+    pairs = OffCpuPairs(limit=100)
+    for tid in range(1000, 1500):
+        pairs.stack(_raw(tid, tid))
+    assert len(pairs) == 100 and pairs.unpaired == 400
+    done = pairs.end(OffCpuEnd(7, 1499, 1499, 2000))  # the newest are kept
+    assert done is not None and done.off_cpu_ns == 501
+    assert pairs.end(OffCpuEnd(7, 1000, 1000, 2000)) is None and pairs.unpaired == 401
+
+
 def test_lost_records_are_counted_not_guessed() -> None:
     pairs = OffCpuPairs()
     assert pairs.end(OffCpuEnd(7, 11, 1000, 4000)) is None  # its stack was lost
