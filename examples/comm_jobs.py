@@ -36,7 +36,7 @@ def _compute(ms: float) -> None:
         a = t.tanh(a @ a)
 
 
-def _job(name: str, rank: int, compute_ms: float) -> None:
+def _job(name: str, rank: int, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
@@ -53,9 +53,9 @@ def _job(name: str, rank: int, compute_ms: float) -> None:
             dist.send(mine, dst=other, tag=tag + 1)
 
     if name == "sweep":
-        for size in SWEEP_SIZES:
+        for size in (s for s in SWEEP_SIZES if s <= args.max_kib * KIB):
             n = size // f32
-            for _ in range(SWEEP_REPS):
+            for _ in range(args.reps):
                 dist.all_reduce(torch.ones(n))
                 dist.all_gather([torch.empty(n) for _ in range(WORLD)], torch.ones(n))
                 dist.broadcast(torch.ones(n), src=0)
@@ -64,8 +64,8 @@ def _job(name: str, rank: int, compute_ms: float) -> None:
         return
     if name == "small":
         for step in range(5):
-            if compute_ms:
-                _compute(compute_ms)
+            if args.compute_ms:
+                _compute(args.compute_ms)
             dist.all_reduce(torch.ones(10_000))  # 40 KB
             dist.all_gather([torch.empty(1000) for _ in range(WORLD)], torch.ones(1000))
             dist.broadcast(torch.ones(2500), src=0)
@@ -83,7 +83,7 @@ def _job(name: str, rank: int, compute_ms: float) -> None:
         send_recv(120_000, 40 + 2 * step)
 
 
-def worker(name: str, compute_ms: float) -> int:
+def worker(name: str, args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -92,7 +92,7 @@ def worker(name: str, compute_ms: float) -> int:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     dist.barrier()  # both ranks up before the job (a profile --delay collective starts here)
-    _job(name, rank, compute_ms)
+    _job(name, rank, args)
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -108,9 +108,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("job", choices=("sweep", "small", "mixed"))
     ap.add_argument("--compute-ms", type=float, default=0.0, help="small: compute before each step (0)")
+    ap.add_argument("--reps", type=int, default=SWEEP_REPS, help=f"sweep: calls of each kind per size ({SWEEP_REPS})")
+    ap.add_argument("--max-kib", type=int, default=SWEEP_SIZES[-1] // KIB,
+                    help=f"sweep: the largest size in KiB ({SWEEP_SIZES[-1] // KIB})")
     args = ap.parse_args()
     if "RANK" in os.environ:
-        return worker(args.job, args.compute_ms)
+        return worker(args.job, args)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(WORLD),
            "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]],

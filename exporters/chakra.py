@@ -113,7 +113,7 @@ def write_traces(prof: Profile, prefix: Path, check: bool = True,
     (exporters/chakra_check.py) and what they break is in `traces.problems`."""
     from .chakra_calibration import calibration_yaml, capture_id
     from .chakra_check import check as check_files
-    from .chakra_network import fit_network, network_yaml
+    from .chakra_network import P2P, fit_network, network_yaml
 
     prefix = Path(prefix)
     _check_prefix(prefix)
@@ -128,6 +128,8 @@ def write_traces(prof: Profile, prefix: Path, check: bool = True,
     path = prefix.with_name(f"{prefix.name}.network.yml")
     if calibration is not None:
         traces.network = calibration
+        calls = {P2P if op.kind != "collective" else op.call for t in traces.timeline.ranks.values() for op in t.ops}
+        traces.warnings += calibration.stand_ins(calls)
         write_atomic(path, calibration_yaml(calibration, world).encode())
         traces.extra_files.append(path)
     else:

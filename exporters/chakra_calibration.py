@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from .base import ExportError
 from .chakra_network import GIB, SMALL, SPLITS, TimedCall, timed_calls
+from .chakra_nodes import COLLECTIVE_MAP
 
 if TYPE_CHECKING:
     from aiflame.core.model import Profile
@@ -68,10 +69,32 @@ class Calibration:
     world: int
     notes: list[str] = field(default_factory=list)
 
+    def kind_for(self, call: str) -> str | None:
+        """The calibrated kind that costs `call`: its own, else one the simulator runs it as (reduce as allreduce,
+        gather and scatter as allgather, ...); None when there is neither."""
+        kind = ALIASES.get(call, call)
+        if kind in self.host:
+            return kind
+        m = COLLECTIVE_MAP.get(call)
+        if m is None:
+            return None
+        return next((k for k in self.host if k in COLLECTIVE_MAP and COLLECTIVE_MAP[k].comm_type == m.comm_type
+                     and COLLECTIVE_MAP[k].note == ""), None)
+
     def host_ns(self, call: str, nbytes: float) -> int | None:
-        """The host cost of one call; None for a kind the calibration has no line for."""
-        h = self.host.get(ALIASES.get(call, call))
-        return None if h is None else h.ns(nbytes)
+        """The host cost of one call; None for a call no calibrated kind stands for."""
+        kind = self.kind_for(call)
+        return None if kind is None else self.host[kind].ns(nbytes)
+
+    def stand_ins(self, calls: set[str]) -> list[str]:
+        """One line per call of a job that the calibration has no line of its own for."""
+        out = []
+        for call in sorted(calls):
+            kind = self.kind_for(call)
+            if kind != ALIASES.get(call, call):
+                out.append(f"{call}: not in the calibration, " +
+                           (f"costed as {kind}" if kind else "no host cost (the link's time only)"))
+        return out
 
     def to_json(self) -> str:
         d = asdict(self)

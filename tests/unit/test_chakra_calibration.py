@@ -155,6 +155,16 @@ def test_report_sim_tells_a_prediction_from_a_reproduction() -> None:
     assert provenance(prof, calibration_yaml(same, 2), "cal.yml").held_out is False
 
 
+def test_a_call_not_calibrated_is_costed_as_the_kind_the_simulator_runs_it_as() -> None:
+    cal = calibrate(build_traces(sweep()), "sweep", "gloo")
+    assert cal.host_ns("reduce", 1000) == cal.host_ns("allreduce", 1000)
+    assert cal.host_ns("gather", 1000) == cal.host_ns("allgather", 1000)
+    assert cal.host_ns("alltoallv", 1000) is None and cal.host_ns("ncclSend", 10) is None
+    assert cal.stand_ins({"reduce", "allreduce", "alltoall"}) == [
+        "alltoall: not in the calibration, no host cost (the link's time only)",
+        "reduce: not in the calibration, costed as allreduce"]
+
+
 def test_too_few_sizes_is_refused_in_one_line() -> None:
     with pytest.raises(CalibrationError, match="no call kind was made at 3 or more sizes"):
         calibrate(build_traces(job([("allreduce", 4096)] * 4)), "x")
