@@ -4,11 +4,10 @@ OpenRecord, or an off-CPU OffCpuStack or OffCpuEnd."""
 
 from __future__ import annotations
 
-import ctypes
 import struct
 from dataclasses import dataclass
 
-from aiflame.agent.kernel.records import CallRec, OffCpuEndRec, OpenRec, ProcRec, RecKind, RetRec, SampleRec
+from aiflame.agent.kernel.records import CallRec, OffCpuEndRec, OpenRec, ProcRec, RecKind, RetRec, SampleRec, unpacker
 from aiflame.core.raw import RawPyFrame, RawSample
 
 
@@ -79,15 +78,12 @@ class OffCpuEnd:
     end_ns: int
 
 
-_HEAD = struct.Struct("<IIQIIii16sIIII")  # sample_rec up to data[]
-_P_HEAD = struct.Struct("<IIQII16s")
-_C_HEAD = struct.Struct("<IIQIIIi8Q4QIIIiII128s")  # call_rec up to data[]
-_R_REC = struct.Struct("<IIQIIIIQQ")
-_O_HEAD = struct.Struct("<IIQII")
-_E_REC = struct.Struct("<IIQIIQ")
-assert _HEAD.size == SampleRec.data.offset and _P_HEAD.size == ctypes.sizeof(ProcRec)
-assert _C_HEAD.size == CallRec.data.offset and _R_REC.size == ctypes.sizeof(RetRec)
-assert _O_HEAD.size == OpenRec.path.offset and _E_REC.size == ctypes.sizeof(OffCpuEndRec)
+_HEAD = unpacker(SampleRec, "data")  # sample_rec up to data[]
+_P_HEAD = unpacker(ProcRec)
+_C_HEAD = unpacker(CallRec, "data")  # call_rec up to data[]
+_R_REC = unpacker(RetRec)
+_O_HEAD = unpacker(OpenRec, "path")
+_E_REC = unpacker(OffCpuEndRec)
 
 
 def _py_frames(data: tuple[int, ...], base: int, count: int) -> tuple[RawPyFrame, ...]:

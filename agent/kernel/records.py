@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import struct
+from typing import Any
 
 MAX_STACK = 127
 COMM_LEN = 16
@@ -182,3 +184,30 @@ class OpenRec(ctypes.Structure):
         ("tid", ctypes.c_uint32),
         ("path", ctypes.c_char * PATH_LEN),
     ]
+
+
+_CODES: dict[Any, str] = {ctypes.c_uint8: "B", ctypes.c_int16: "h", ctypes.c_uint16: "H", ctypes.c_int32: "i",
+                          ctypes.c_uint32: "I", ctypes.c_int64: "q", ctypes.c_uint64: "Q"}
+
+
+def unpacker(cls: type[ctypes.Structure], upto: str | None = None) -> struct.Struct:
+    """A little-endian struct.Struct reading `cls`'s fields in order (arrays as their elements, char arrays as
+    bytes), up to the field `upto` (excluded): the decoder's formats come from these layouts, not a copy of them."""
+    fmt, at = "<", 0
+    types: dict[str, Any] = {f[0]: f[1] for f in cls._fields_}
+    for name, ctype in types.items():
+        if name == upto:
+            break
+        field = getattr(cls, name)
+        if field.offset > at:
+            fmt += f"{field.offset - at}x"
+        if issubclass(ctype, ctypes.Array):
+            code = "s" if ctype._type_ is ctypes.c_char else _CODES[ctype._type_]
+            fmt += f"{ctype._length_}{code}"
+        else:
+            fmt += _CODES[ctype]
+        at = field.offset + field.size
+    else:
+        if ctypes.sizeof(cls) > at:
+            fmt += f"{ctypes.sizeof(cls) - at}x"
+    return struct.Struct(fmt)

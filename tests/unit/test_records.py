@@ -81,3 +81,21 @@ def test_sizes_agree_with_the_c_header() -> None:
         "MAX_PROBES": records.MAX_PROBES, "PROBE_ARGS": records.PROBE_ARGS, "PROBE_DEREFS": records.PROBE_DEREFS,
         "PROBE_REGS": records.PROBE_REGS, "CALL_STR": records.CALL_STR, "PATH_LEN": records.PATH_LEN,
     }
+
+
+def test_the_decoder_reads_the_layouts_it_is_given() -> None:
+    """The decoder's formats are derived from records.py (checked against the C by test_records_layout): padding
+    the compiler inserts and a tail are skipped, arrays read as their elements, char arrays as bytes."""
+    import ctypes
+
+    from aiflame.agent.kernel.records import unpacker
+
+    class Padded(ctypes.Structure):
+        _fields_ = [("a", ctypes.c_uint32), ("b", ctypes.c_uint64), ("c", ctypes.c_int16 * 3),
+                    ("name", ctypes.c_char * 5), ("d", ctypes.c_uint64)]
+
+    u = unpacker(Padded)
+    assert u.format == "<I4xQ3h5s5xQ" and u.size == ctypes.sizeof(Padded)
+    rec = Padded(7, 2**40, (1, -2, 3), b"abc", 9)
+    assert u.unpack(bytes(rec)) == (7, 2**40, 1, -2, 3, b"abc\0\0", 9)
+    assert unpacker(Padded, "name").format == "<I4xQ3h"
