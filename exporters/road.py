@@ -21,12 +21,11 @@ from aiflame.core.model import Profile
 from aiflame.core.raw import Capture
 from aiflame.exporters.write import write_views
 from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.objfmt.debugfiles import SYSTEM_DEBUG_DIRS
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from aiflame.symbolize.views import View, capture_views, view
 
-__all__ = ["SYSTEM_DEBUG_DIR", "SymbolizedCapture", "Written", "open_capture", "symbolizer"]
-
-SYSTEM_DEBUG_DIR = "/usr/lib/debug"  # searched after the directories a user names
+__all__ = ["SymbolizedCapture", "Written", "open_capture", "symbolizer"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class SymbolizedCapture:
 def symbolizer(debug_dirs: Sequence[str] = ()) -> NativeSymbolizer:
     """The native symbolizer: separate debug files looked up in `debug_dirs`, then in the system's directory.
     Keep one for several captures (the daemon's windows, `top`'s updates): it caches what it has read."""
-    return NativeSymbolizer(debug_dirs=[*debug_dirs, SYSTEM_DEBUG_DIR])
+    return NativeSymbolizer(debug_dirs=[*debug_dirs, *SYSTEM_DEBUG_DIRS])
 
 
 def open_capture(path: Path, options: StackOptions | None = None,
