@@ -1,5 +1,6 @@
 """The stack view `profile`, `export` and `render` share: its options (`--group`, `--no-kernel`, `--python`,
-`--native-interp`, `--debug-dir`, `--view`) and reading a capture, or a folded file, as that view."""
+`--native-interp`, `--debug-dir`, `--view`) and reading a capture (through exporters/road.py), or a folded file,
+as that view."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aiflame.symbolize.views import VIEWS
+
 if TYPE_CHECKING:
     from aiflame.core.model import Profile
     from aiflame.symbolize.stacks import StackOptions
-
-VIEWS = ("cpu", "launches", "stalls", "combined", "offcpu", "wall")
 
 
 def add_view_options(p: argparse.ArgumentParser) -> None:
@@ -50,31 +51,14 @@ def load_view(path: Path, args: argparse.Namespace, folded: bool = False) -> Pro
 
 def load_profile(path: Path, options: StackOptions | None = None, view: str = "cpu",
                  debug_dirs: Sequence[str] = (), folded: bool = False) -> Profile:
-    """A capture symbolized as `view`; with `folded`, a folded-stacks file is read too. Raises CaptureError."""
-    from aiflame.core.capture import CaptureError, is_capture, read_capture
-    from aiflame.core.model import EventKind
+    """A capture symbolized as `view` (symbolize/views.py); with `folded`, a folded-stacks file is read too.
+    Raises CaptureError, or the view's error when the capture has nothing for it."""
+    from aiflame.core.capture import CaptureError, is_capture
     from aiflame.exporters.folded import parse_folded
-    from aiflame.symbolize.events import launch_profile
-    from aiflame.symbolize.native import NativeSymbolizer
-    from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+    from aiflame.exporters.road import open_capture, symbolizer
 
     if is_capture(path) or not folded:
-        native = NativeSymbolizer(debug_dirs=[*debug_dirs, "/usr/lib/debug"])
-        cap = read_capture(path)
-        prof = symbolize_capture(cap, native, options=options or StackOptions())
-        if view in ("stalls", "combined"):
-            from aiflame.symbolize.stalls import stall_view
-
-            return stall_view(cap, prof, view)
-        if view in ("offcpu", "wall"):
-            from aiflame.symbolize.offcpu import offcpu_profile, wall_profile
-
-            return offcpu_profile(prof) if view == "offcpu" else wall_profile(prof)
-        if view == "launches":
-            if not any(e.kind == EventKind.COMPUTE for e in prof.events):
-                raise CaptureError(f"{path}: no kernel launches in this capture (the launch view is empty)")
-            return launch_profile(prof)
-        return prof
+        return open_capture(path, options, symbolizer(debug_dirs)).view(view)
     try:
         text = path.read_text()
     except UnicodeDecodeError:

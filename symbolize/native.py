@@ -25,7 +25,7 @@ from typing import TypeVar
 from aiflame.core.model import Frame, FrameKind
 from aiflame.symbolize.cache import CachedSymbols, Entry, SymbolCache
 from aiflame.symbolize.errors import SymbolizeError
-from aiflame.symbolize.objfmt.debugfiles import build_id_path, find_debug_file
+from aiflame.symbolize.objfmt.debugfiles import SYSTEM_DEBUG_DIRS, build_id_path, find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
 from aiflame.symbolize.objfmt.ehframe import FunctionStarts, function_starts
@@ -154,7 +154,7 @@ class NativeSymbolizer:
     """
 
     def __init__(
-        self, cache_dir: str | None = None, debug_dirs: Sequence[str] = ("/usr/lib/debug",), root: str = "/"
+        self, cache_dir: str | None = None, debug_dirs: Sequence[str] = SYSTEM_DEBUG_DIRS, root: str = "/"
     ) -> None:
         self._cache = SymbolCache(cache_dir)
         self._root = root or "/"

@@ -43,7 +43,6 @@ __all__ = [
     "share",
     "NoStallsError",
     "stall_profile",
-    "stall_view",
 ]
 
 STALL_UNIT = "stall samples"
@@ -347,7 +346,7 @@ def _diffuse(
 
 
 def combined_profile(cpu: Profile, stalls: Profile) -> Profile:
-    """CPU samples and stall samples in one view (the `combined` option): different units side by side, so the
+    """CPU samples and stall samples in one view (the `combined` view): different units side by side, so the
     flame graph's widths compare only within each layer."""
     out = Profile(samples=[*cpu.samples, *stalls.samples], events=cpu.events, unit="CPU + stall samples",
                   meta={**cpu.meta, **stalls.meta}, counters={**cpu.counters, **stalls.counters},
@@ -356,16 +355,4 @@ def combined_profile(cpu: Profile, stalls: Profile) -> Profile:
 
 
 class NoStallsError(SymbolizeError):
-    """The stall view was asked of a capture without stall samples; one line."""
-
-
-def stall_view(cap: Capture, prof: Profile, view: str, *, sass: bool = True) -> Profile:
-    """The profile a `--view` names: "stalls" (the AI flame graph) or "combined" (CPU + stall samples); any other
-    view returns `prof`. NoStallsError when a stall view is asked of a capture without stall samples."""
-    if view not in ("stalls", "combined"):
-        return prof
-    if not cap.stalls:
-        raise NoStallsError("no accelerator stall samples in this capture (the stall view is empty; "
-                            "`aiflame import` adds records saved elsewhere)")
-    stalls = stall_profile(cap, prof, sass=sass)
-    return stalls if view == "stalls" else combined_profile(prof, stalls)
+    """A stall view (symbolize/views.py) was asked of a capture without stall samples; one line."""

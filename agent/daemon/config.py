@@ -154,12 +154,12 @@ def _abs_path(where: str, v: Any) -> Path:
 
 
 def _formats(where: str, v: Any) -> tuple[str, ...]:
-    from aiflame.agent.outputs import FORMATS
+    from aiflame.exporters import REGISTRY
 
     out: tuple[str, ...] = _strings()(where, v)
     for f in out:
-        if f not in FORMATS:
-            raise ConfigError(f"{where}: unknown format {f!r} (known: {', '.join(FORMATS)})")
+        if f not in REGISTRY:
+            raise ConfigError(f"{where}: unknown format {f!r} (known: {', '.join(REGISTRY)})")
     return out
 
 

@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiflame.agent.daemon.store import OutputDirs
-from aiflame.agent.outputs import capture_views, write_views
-from aiflame.core.capture import read_capture
+from aiflame.exporters.road import open_capture, symbolizer
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.stacks import symbolize_capture
 
 log = logging.getLogger("aiflame.daemon")
 _libc = ctypes.CDLL(None)
@@ -40,11 +38,10 @@ class ExportJob:
 
 def export_capture(capture: Path, formats: tuple[str, ...], title: str,
                    native: NativeSymbolizer) -> tuple[list[Path], list[str]]:
-    """Write `formats` of `capture`'s views next to it (agent.outputs); "chakra" writes one
+    """Write `formats` of `capture`'s views next to it (exporters/road.py); "chakra" writes one
     `profile.<rank>.et` per rank."""
-    cap = read_capture(capture)
-    views = capture_views(cap, symbolize_capture(cap, native))
-    return write_views(views, formats, capture.parent, lambda v: {"title": f"{title} ({v.prefix})"})
+    done = open_capture(capture, native=native).write(formats, svg_options=lambda v: {"title": f"{title} ({v.stem})"})
+    return done.files, done.notes
 
 
 class ExportWorker:
@@ -52,7 +49,7 @@ class ExportWorker:
 
     def __init__(self, max_queued: int) -> None:
         self._queue: queue.Queue[ExportJob | None] = queue.Queue(maxsize=max_queued)
-        self._native = NativeSymbolizer(debug_dirs=["/usr/lib/debug"])
+        self._native = symbolizer()
         self._thread = threading.Thread(target=self._run, name="aiflame-export", daemon=True)
         self.skipped = 0
         self.failed = 0

@@ -26,10 +26,10 @@ from rich.table import Table
 from rich.text import Text
 
 from aiflame.agent.daemon.protocol import LatestRequest, ProtocolError, StatusRequest, request
-from aiflame.core.capture import CaptureError, read_capture
+from aiflame.core.capture import CaptureError
 from aiflame.core.model import EventKind, Frame, FrameKind, Profile
+from aiflame.exporters.road import open_capture, symbolizer
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.stacks import symbolize_capture
 
 _SKIP = (FrameKind.PROCESS, FrameKind.SEPARATOR)
 
@@ -170,7 +170,7 @@ def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generat
         if windows and windows[-1] != last:
             last = windows[-1]
             try:
-                prof = symbolize_capture(read_capture(Path(last) / "profile.aiflame"), native)
+                prof = open_capture(Path(last) / "profile.aiflame", native=native).profile
                 yield view_of(prof, f"daemon window {Path(last).name}", args.pid)
                 continue
             except CaptureError:
@@ -202,7 +202,7 @@ def _own_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generator[
                 while (left := end - time.monotonic()) > 0:
                     collector.tick(min(left, 0.1))
                 collector.close_window("segment")
-                prof = symbolize_capture(read_capture(seg), native)
+                prof = open_capture(seg, native=native).profile
                 what = f"pid {args.pid}" if args.pid is not None else "all processes"
                 yield view_of(prof, f"{what}, last {args.interval:g} s at {args.frequency} Hz", args.pid)
     finally:
@@ -211,7 +211,7 @@ def _own_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generator[
 
 def run_top(args: argparse.Namespace) -> int:
     """Run the live view until `q`, Ctrl-C, or (tests) `--iterations` updates."""
-    native = NativeSymbolizer(debug_dirs=["/usr/lib/debug"])
+    native = symbolizer()
     use_daemon = False
     if not args.own:
         try:

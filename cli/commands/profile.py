@@ -1,5 +1,5 @@
 """`aiflame profile`: capture a process or a command (agent/session.py), write the asked formats of every view
-next to the capture (agent/outputs.py), and print the summary."""
+next to the capture (exporters/road.py), and print the summary."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ from aiflame.cli.stack_view import add_view_options, stack_options
 from aiflame.exporters import REGISTRY
 
 if TYPE_CHECKING:
-    from aiflame.agent.outputs import View
-    from aiflame.agent.session import SessionStats
+    from aiflame.agent.kernel.sampler import SamplerConfig
+    from aiflame.agent.session import SessionConfig, SessionResult, SessionStats
+    from aiflame.core.model import Profile
+    from aiflame.exporters.road import SymbolizedCapture, Written
+    from aiflame.symbolize.views import View
 
 NAME = "profile"
 HELP = "capture CPU stacks of a process or a command"
@@ -137,15 +140,9 @@ def _check_out_dir(out_dir: Path, *, force: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiflame.agent.accel.cupti import CuptiOptions
     from aiflame.agent.kernel.sampler import SamplerConfig, bpf_source
-    from aiflame.agent.outputs import capture_views, write_views
-    from aiflame.agent.session import Session, SessionConfig
-    from aiflame.cli.summary import print_summary
+    from aiflame.agent.session import Session
     from aiflame.core import limits
-    from aiflame.core.capture import read_capture
-    from aiflame.symbolize.native import NativeSymbolizer
-    from aiflame.symbolize.stacks import symbolize_capture
 
     limits.use(limits.AGENT_LIMITS)  # we read what the targets point us at, as root
     command = list(args.command)
@@ -177,51 +174,69 @@ def run(args: argparse.Namespace) -> int:
     _check_target(args.pid)
     if args.delay == "collective" and args.no_runtimes:
         raise UsageError("--delay collective needs the runtime probes (it waits for a gloo or NCCL call)")
-    cfg = SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
-                        delay_s=0.0 if args.delay == "collective" else args.delay,
-                        from_first_collective=args.delay == "collective",
-                        sampler=sampler, argv=["aiflame", *args.argv], runtimes=runtimes,
-                        gpu_samples=not args.no_gpu_samples and not args.all, keep_running=args.keep_running,
-                        all_processes=args.all,
-                        cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,
-                                           max_stream_bytes=args.gpu_stream_limit))
-    console = Console()
+    cfg = _session_config(args, out_dir, command, sampler)
     progress = _Progress(Console(stderr=True), quiet=args.quiet)
     with progress:
         result = Session(cfg, on_progress=progress.update, on_status=progress.status).run()
+    capture, done = _write_views(args, cfg, result, formats, progress)
+    if not args.quiet:
+        _report(Console(), capture.profile, result, done)
+    return 0
+
+
+def _session_config(args: argparse.Namespace, out_dir: Path, command: list[str],
+                    sampler: SamplerConfig) -> SessionConfig:
+    from aiflame.agent.accel.cupti import CuptiOptions
+    from aiflame.agent.session import SessionConfig
+
+    return SessionConfig(out_dir=out_dir, pid=args.pid, command=command, duration_s=args.duration,
+                         delay_s=0.0 if args.delay == "collective" else args.delay,
+                         from_first_collective=args.delay == "collective",
+                         sampler=sampler, argv=["aiflame", *args.argv], runtimes=sampler.probes,
+                         gpu_samples=not args.no_gpu_samples and not args.all, keep_running=args.keep_running,
+                         all_processes=args.all,
+                         cupti=CuptiOptions(period_log2=args.gpu_sample_period, hw_buffer_bytes=args.gpu_hw_buffer,
+                                            max_stream_bytes=args.gpu_stream_limit))
+
+
+def _write_views(args: argparse.Namespace, cfg: SessionConfig, result: SessionResult, formats: list[str],
+                 progress: _Progress) -> tuple[SymbolizedCapture, Written]:
+    """The capture just written, symbolized, and its views in `formats` beside it (exporters/road.py); what the
+    exporters could not write joins the session's warnings."""
+    from aiflame.exporters.road import open_capture, symbolizer
+
     progress.phase(f"symbolizing {result.stats.samples} samples")
-    native = NativeSymbolizer(debug_dirs=[*args.debug_dir, "/usr/lib/debug"])
-    cap = read_capture(result.capture)
-    prof = symbolize_capture(cap, native, options=stack_options(args))
-    written = [result.capture]
+    capture = open_capture(result.capture, stack_options(args), symbolizer(args.debug_dir))
     target = cfg.command and " ".join(cfg.command) or ("all processes" if args.all else f"pid {args.pid}")
-    views = capture_views(cap, prof, cfg.prefix)
 
     def svg_options(v: View) -> dict[str, object]:
-        rate = f" at {args.frequency} Hz" if v.profile is prof else ""
+        rate = f" at {args.frequency} Hz" if v.name == "cpu" else ""
         return {"title": args.title or f"aiflame: {target}{v.label}",
                 "subtitle": f"{v.what}{rate}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"}
 
-    progress.phase(f"writing {', '.join(formats) or 'the capture'} to {out_dir}")
-    files, notes = write_views(views, formats, out_dir, svg_options)
-    written += files
-    result.warnings.extend(notes)
-    stalls = next((v.profile for v in views if v.prefix == "stalls"), None)
-    if not args.quiet:
-        print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s,
-                      stalls=stalls)
-        probed = [a for a in result.probed if a.runtime != "process"]
-        if probed:
-            libs = (f"{os.path.basename(a.path)} ({a.runtime}, {len(a.calls)} entry points)" for a in probed)
-            console.print("probed: " + "; ".join(libs), highlight=False)
-        for w in result.warnings:
-            warn(w)
-        console.print(f"stopped: {result.stop_reason} after {result.stats.elapsed_s:.1f} s")
-        for p in written:
-            console.print(f"wrote {p}", highlight=False)
-    if result.exit_code not in (None, 0) and not args.quiet:
+    progress.phase(f"writing {', '.join(formats) or 'the capture'} to {cfg.out_dir}")
+    done = capture.write(formats, cfg.out_dir, cfg.prefix, svg_options)
+    result.warnings.extend(done.notes)
+    return capture, done
+
+
+def _report(console: Console, prof: Profile, result: SessionResult, done: Written) -> None:
+    """The summary, what was probed, the warnings, why it stopped and the files written."""
+    from aiflame.cli.summary import print_summary
+
+    stalls = next((v.profile for v in done.views if v.name == "stalls"), None)
+    print_summary(console, prof, agent_cpu_s=result.agent_cpu_s, elapsed_s=result.stats.elapsed_s, stalls=stalls)
+    probed = [a for a in result.probed if a.runtime != "process"]
+    if probed:
+        libs = (f"{os.path.basename(a.path)} ({a.runtime}, {len(a.calls)} entry points)" for a in probed)
+        console.print("probed: " + "; ".join(libs), highlight=False)
+    for w in result.warnings:
+        warn(w)
+    console.print(f"stopped: {result.stop_reason} after {result.stats.elapsed_s:.1f} s")
+    for p in [result.capture, *done.files]:
+        console.print(f"wrote {p}", highlight=False)
+    if result.exit_code not in (None, 0):
         console.print(f"[yellow]the command exited with status {result.exit_code}[/]")
-    return 0
 
 
 class _Progress:

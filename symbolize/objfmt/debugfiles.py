@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import read_build_id
 
-__all__ = ["build_id_path", "find_debug_file"]
+__all__ = ["SYSTEM_DEBUG_DIRS", "build_id_path", "find_debug_file"]
 
 log = logging.getLogger(__name__)
 
 _CRC_CHUNK = 1 << 20
+SYSTEM_DEBUG_DIRS = ("/usr/lib/debug",)  # where the distribution installs separate debug files
 
 
 def build_id_path(debug_dir: str, build_id: str) -> str:
@@ -51,7 +52,7 @@ def find_debug_file(
     binary_path: str,
     build_id: str | None,
     debuglink: tuple[str, int] | None,
-    debug_dirs: Sequence[str] = ("/usr/lib/debug",),
+    debug_dirs: Sequence[str] = SYSTEM_DEBUG_DIRS,
     *,
     root: str = "/",
 ) -> str | None:

@@ -20,10 +20,10 @@ from aiflame.core.capture import read_capture, write_capture
 from aiflame.core.raw import RawStallSample
 from aiflame.exporters import get_exporter
 from aiflame.exporters import pprof_pb2 as ppb
+from aiflame.symbolize import views
 from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.accel.sass import disassemble
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
-from aiflame.symbolize.stalls import stall_view
 from tests.cuda_build import KernelPrograms, kernel_programs
 from tests.integration.conftest import aiflame, read_folded
 
@@ -67,7 +67,7 @@ def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path
     path, stalls, sass = _with_stalls(run[0], tmp_path / "s.aiflame")
     cap = read_capture(path)
     prof = symbolize_capture(cap, options=StackOptions(group="none"))
-    view = stall_view(cap, prof, "stalls")
+    view = views.view(cap, prof, "stalls")
     assert view.total_weight == sum(s.count for s in stalls)
     assert view.counters.get("stall_unknown_launch", 0) == 0 and view.counters.get("stall_no_source", 0) == 0
     text = get_exporter("folded").render(view).decode()
@@ -109,7 +109,7 @@ def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_pat
     path, stalls, _ = _with_stalls(run[0], tmp_path / "s.aiflame")
     cap = read_capture(path)
     prof = symbolize_capture(cap)
-    view = stall_view(cap, prof, "stalls", sass=False)
+    view = views.view(cap, prof, "stalls", sass=False)
     svg = get_exporter("svg", title="AI flame graph").render(view).decode()
     kinds = Counter(re.findall(r'data-kind="(\w+)"', svg))
     assert kinds["accel_source"] > 0 and kinds["accel_instr"] > 0 and kinds["stall"] > 0 and kinds["separator"] > 0
@@ -165,7 +165,7 @@ def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelProgra
     assert cap.footer is not None and cap.footer.counters["xe_empty_records"] == 1
     assert cap.footer.counters["imported_stall_samples"] == 9
     assert len(cap.samples) == len(read_capture(capture).samples)
-    view = stall_view(cap, symbolize_capture(cap), "stalls", sass=False)
+    view = views.view(cap, symbolize_capture(cap), "stalls", sass=False)
     assert view.total_weight == 9 and view.counters["stall_unknown_launch"] == 9
     assert view.counters["rocprof_unknown_kernel"] == 4 and view.counters["xe_empty_records"] == 1
     proc = aiflame("import", str(tmp_path / "a.aiflame"), str(tmp_path / "x.bin"), "--format", "xe", check=False)
@@ -228,7 +228,7 @@ def test_import_cupti_stream_into_a_real_capture(run: tuple[Path, KernelPrograms
     assert len(merged.gpu_code) == len(cap.gpu_code) and len(merged.samples) == len(cap.samples)
     assert merged.footer is not None and merged.footer.counters["imported_stall_samples"] == 9
     assert merged.footer.counters["cupti_samples"] == 9 and "cupti_stream_problems" not in merged.footer.counters
-    view = stall_view(merged, symbolize_capture(merged, options=StackOptions(group="none")), "stalls", sass=False)
+    view = views.view(merged, symbolize_capture(merged, options=StackOptions(group="none")), "stalls", sass=False)
     assert view.total_weight == 9 and not view.counters.get("stall_unknown_launch")
     per_kernel: Counter[str] = Counter()
     for sample in view.samples:

@@ -1,0 +1,77 @@
+"""The one road from a capture file to what is made of it, one module per step:
+
+    read        core/capture.py       read_capture: the file → core.raw.Capture
+    symbolize   symbolize/stacks.py   symbolize_capture: addresses → names, the CPU profile (core.model.Profile)
+    views       symbolize/views.py    the cpu, launches, stalls, combined, offcpu and wall views
+    write       exporters/write.py    views × formats → files next to the capture
+
+`open_capture` takes the first two steps and hands back a `SymbolizedCapture`, whose `view`, `views` and `write`
+take the others. `profile` and the daemon's windows write every view (`write`); `export`, `render`, `report` and
+`chakra calibrate` take one view (their own destination: a file or stdout, cli/output.py); `top` the cpu view.
+The capture file is where every caller enters: the agent streams it to disk while it collects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiflame.core.capture import read_capture
+from aiflame.core.model import Profile
+from aiflame.core.raw import Capture
+from aiflame.exporters.write import write_views
+from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.objfmt.debugfiles import SYSTEM_DEBUG_DIRS
+from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+from aiflame.symbolize.views import View, capture_views, view
+
+__all__ = ["SymbolizedCapture", "Written", "open_capture", "symbolizer"]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `SymbolizedCapture.write` made: the views, the files, notes for the user."""
+
+    views: list[View]
+    files: list[Path]
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class SymbolizedCapture:
+    """A capture read and symbolized: the raw capture and its CPU profile, from which every view is made."""
+
+    path: Path
+    capture: Capture
+    profile: Profile  # the cpu view
+
+    def view(self, name: str, *, sass: bool = True) -> Profile:
+        """The view `name` (symbolize/views.py `VIEWS`); an error of one line when the capture has nothing for it."""
+        return view(self.capture, self.profile, name, sass=sass)
+
+    def views(self, prefix: str = "profile") -> list[View]:
+        """Every view the capture has anything for, the cpu view under the file-name stem `prefix`."""
+        return capture_views(self.capture, self.profile, prefix)
+
+    def write(self, formats: Sequence[str], out_dir: Path | None = None, prefix: str = "profile",
+              svg_options: Callable[[View], dict[str, object]] = lambda v: {}) -> Written:
+        """Every view in every format into `out_dir` (default: the capture's directory), e.g. profile.folded,
+        launches.svg; a whole-capture format (chakra) once. `svg_options`: the flame graph's title, subtitle."""
+        views = self.views(prefix)
+        files, notes = write_views(views, formats, self.path.parent if out_dir is None else out_dir, svg_options)
+        return Written(views, files, notes)
+
+
+def symbolizer(debug_dirs: Sequence[str] = ()) -> NativeSymbolizer:
+    """The native symbolizer: separate debug files looked up in `debug_dirs`, then in the system's directory.
+    Keep one for several captures (the daemon's windows, `top`'s updates): it caches what it has read."""
+    return NativeSymbolizer(debug_dirs=[*debug_dirs, *SYSTEM_DEBUG_DIRS])
+
+
+def open_capture(path: Path, options: StackOptions | None = None,
+                 native: NativeSymbolizer | None = None) -> SymbolizedCapture:
+    """Read the capture at `path` and symbolize it with `options` (default: StackOptions()) and `native` (default:
+    `symbolizer()`); CaptureError when it cannot be read."""
+    cap = read_capture(path)
+    prof = symbolize_capture(cap, native or symbolizer(), options=options or StackOptions())
+    return SymbolizedCapture(path, cap, prof)

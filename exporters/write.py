@@ -1,0 +1,36 @@
+"""The write step of the road (exporters/road.py): a capture's views into files in a directory, in the asked
+formats of the registry. A whole-capture format (Chakra, the comm plot) is written once, from the first view
+(the cpu view); every other format once per view, under the view's file-name stem."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from aiflame.exporters import REGISTRY, NothingToExport, get_exporter
+from aiflame.symbolize.views import View
+
+__all__ = ["write_views"]
+
+
+def write_views(views: Sequence[View], formats: Sequence[str], out_dir: Path,
+                svg_options: Callable[[View], dict[str, object]]) -> tuple[list[Path], list[str]]:
+    """Write every view in every format into `out_dir`, a whole-capture format once from the first view; returns
+    the files written and notes for the user (a format unknown here, what an exporter could not write).
+    `svg_options`: the svg exporter's options (title, subtitle) for a view."""
+    written: list[Path] = []
+    notes = [f"the {name} exporter is not available in this build" for name in formats if name not in REGISTRY]
+    known = [REGISTRY[name] for name in formats if name in REGISTRY]
+    first = views[0]
+    for cls in (c for c in known if c.whole_capture):
+        exporter = get_exporter(cls.name)
+        try:
+            written += [o.path for o in exporter.write(first.profile, cls.output_path(out_dir / first.stem))]
+        except NothingToExport as e:
+            notes.append(f"{cls.name}: {e}")
+        notes += [f"{cls.name}: {w}" for w in exporter.warnings]
+    for view in views:
+        for cls in (c for c in known if not c.whole_capture):
+            exporter = get_exporter(cls.name, **(svg_options(view) if cls.name == "svg" else {}))
+            written += [o.path for o in exporter.write(view.profile, cls.output_path(out_dir / view.stem))]
+    return written, notes
