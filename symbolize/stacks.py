@@ -101,11 +101,42 @@ def symbolize_capture(
     func_raws = [RawSample(e.start_ns, e.pid, e.tid, -1, "", (e.args["func"],), ())
                  for e in cap.events if e.args.get("func")]
     raws = [*cap.samples, *event_raws, *func_raws]
+    raw_chains, wanted = _locate(raws, index)
+    names: dict[tuple[str, str], dict[int, Frame]] = {}
+    for (path, build_id), offsets in wanted.items():
+        names[(path, build_id)] = native.symbolize(path, build_id or None, offsets)
 
-    # Pass 1: locate each distinct user chain once per snapshot epoch (samples between the same two snapshots
-    # locate alike), and note which file offsets each module needs. Return addresses (all but the leaf) point
-    # after the call; look up addr - 1 so the frame names the calling function and line. Chains that locate
-    # alike (the same addresses in another epoch, mapped the same) share a resolution id.
+    prof = Profile(unit="samples", meta={"host": cap.header.host, "kernel": cap.header.kernel,
+                                         "target": cap.header.target,
+                                         "frequency_hz": str(cap.header.frequency_hz),
+                                         # the clock pair and boot, to join captures of several hosts
+                                         "start_wall_ns": str(cap.header.start_wall_ns),
+                                         "boot_id": cap.header.meta.get("boot_id", "")})
+    builder = _StackBuilder(cap, opts, names, {pid: idx.comm for pid, idx in index.items()})
+    event_stacks = _add_stacks(prof, raws, raw_chains, builder, len(cap.samples), len(event_raws))
+    stops, worst = unwind_report((s for s in cap.samples if not s.off_cpu_ns),
+                                 lambda s: _outermost_file(index.get(s.pid), s))
+    prof.counters.update(stops)
+    if worst:
+        prof.meta["unwind_worst"] = worst
+    n_ev = len(event_raws)
+    prof.events = trace_events(cap, event_stacks[:n_ev], [st[-1] if st else None for st in event_stacks[n_ev:]])
+    if cap.footer:
+        for k, v in cap.footer.counters.items():
+            prof.counters[k] = prof.counters.get(k, 0) + v
+        prof.start_ns, prof.end_ns = cap.header.start_mono_ns, cap.footer.end_mono_ns
+    return prof
+
+
+def _locate(raws: list[RawSample], index: dict[int, _ProcessIndex]
+            ) -> tuple[list[_Chain], dict[tuple[str, str], set[int]]]:
+    """Pass 1: each raw's user chain located (mapping, file offset per frame), and the file offsets each module
+    (path, build id) needs named.
+
+    Each distinct chain is located once per snapshot epoch (samples between the same two snapshots locate alike).
+    Return addresses (all but the leaf) point after the call; look up addr - 1 so the frame names the calling
+    function and line. Chains that locate alike (the same addresses in another epoch, mapped the same) share a
+    resolution id."""
     located: dict[tuple[int, int, int, bool], tuple[Mapping, int] | None] = {}
     chains: dict[tuple[int, tuple[int, ...], int], _Chain] = {}
     resolutions: dict[tuple[bool, tuple[tuple[str, str, int], ...]], int] = {}
@@ -138,57 +169,24 @@ def symbolize_capture(
             sig = (broken, tuple([(m.path, m.build_id, off) for m, off in hits]))
             chain = chains[(s.pid, s.user, when)] = _Chain(hits, broken, resolutions.setdefault(sig, len(resolutions)))
         raw_chains.append(chain)
+    return raw_chains, wanted
 
-    names: dict[tuple[str, str], dict[int, Frame]] = {}
-    for (path, build_id), offsets in wanted.items():
-        names[(path, build_id)] = native.symbolize(path, build_id or None, offsets)
 
-    prof = Profile(unit="samples", meta={"host": cap.header.host, "kernel": cap.header.kernel,
-                                         "target": cap.header.target,
-                                         "frequency_hz": str(cap.header.frequency_hz),
-                                         # the clock pair and boot, to join captures of several hosts
-                                         "start_wall_ns": str(cap.header.start_wall_ns),
-                                         "boot_id": cap.header.meta.get("boot_id", "")})
-    pynames = _PythonNames(cap)
-    comms = {pid: idx.comm for pid, idx in index.items()}
-    kcache: dict[int, Frame] = {}
-
-    def build(s: RawSample, chain: _Chain, counters: dict[str, int]) -> Stack:
-        frames: list[Frame] = []
-        if opts.group in ("process", "thread"):
-            frames.append(Frame(comms.get(s.pid) or s.comm or str(s.pid), FrameKind.PROCESS))
-        if opts.group == "thread":
-            frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
-        user: list[Frame] = []
-        if opts.user:
-            user = _user_frames(s, chain, names)
-            if s.py and s.py_flags & PyFlag.TSTATE and opts.python != "native":
-                frames.extend(pynames.merged(s, user, counters, python_only=opts.python == "python",
-                                             fold=not opts.native_interp))
-            elif opts.python != "python":
-                frames.extend(user)
-        if opts.kernel:
-            for addr in reversed(s.kern):
-                f = kcache.get(addr)
-                if f is None:
-                    name = cap.kernel_symbols.get(addr)
-                    f = Frame(name, FrameKind.KERNEL, module="[kernel]") if name else UNKNOWN_KERNEL
-                    kcache[addr] = f
-                frames.append(f)
-        if s.off_cpu_ns:  # where it blocked: the leaf says on what
-            return with_marker(tuple(frames), user)
-        return tuple(frames)
-
+def _add_stacks(prof: Profile, raws: list[RawSample], raw_chains: list[_Chain], builder: _StackBuilder,
+                n_samples: int, n_events: int) -> list[Stack]:
+    """Pass 2: the stack of every raw. The first `n_samples` raws (the capture's samples) go into `prof`, with the
+    counters their merge added; the stacks of the rest (the events' pseudo-samples) are returned in order."""
     # A busy loop repeats a handful of raw stacks thousands of times: build each distinct one once, so equal
     # samples share one Stack object (exporters cache labels by its id), and replay the counters its merge added.
     # The key holds all `build` reads: the chain's resolution stands for the user addresses and the snapshot in
     # force, the code epoch for the time Python frames are named at.
-    who = opts.group in ("process", "thread")
-    thread = opts.group == "thread"
+    build, pynames, comms, names = builder.build, builder.pynames, builder.comms, builder.names
+    who = builder.opts.group in ("process", "thread")
+    thread = builder.opts.group == "thread"
     memo: dict[tuple[object, ...], tuple[Stack, dict[str, int]]] = {}
     event_stacks: list[Stack] = []
     for n, (s, chain) in enumerate(zip(raws, raw_chains, strict=True)):
-        if n >= len(cap.samples) + len(event_raws):  # a kernel's host address: its frame alone
+        if n >= n_samples + n_events:  # a kernel's host address: its frame alone
             event_stacks.append(tuple(_user_frames(s, chain, names)))
             continue
         raw_key: tuple[object, ...] | None = None
@@ -208,25 +206,56 @@ def symbolize_capture(
         stack, delta = hit
         for k, v in delta.items():
             prof.counters[k] = prof.counters.get(k, 0) + v
-        if n < len(cap.samples):
+        if n < n_samples:
             if s.off_cpu_ns:
                 prof.off_cpu.append(Sample(stack, s.off_cpu_ns, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
             else:
                 prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
         else:
             event_stacks.append(stack)
-    stops, worst = unwind_report((s for s in cap.samples if not s.off_cpu_ns),
-                                 lambda s: _outermost_file(index.get(s.pid), s))
-    prof.counters.update(stops)
-    if worst:
-        prof.meta["unwind_worst"] = worst
-    n_ev = len(event_raws)
-    prof.events = trace_events(cap, event_stacks[:n_ev], [st[-1] if st else None for st in event_stacks[n_ev:]])
-    if cap.footer:
-        for k, v in cap.footer.counters.items():
-            prof.counters[k] = prof.counters.get(k, 0) + v
-        prof.start_ns, prof.end_ns = cap.header.start_mono_ns, cap.footer.end_mono_ns
-    return prof
+    return event_stacks
+
+
+class _StackBuilder:
+    """Builds one raw sample's stack, root -> leaf: the process (and thread) roots, the user frames merged with
+    the Python frames as the options ask, then the kernel frames."""
+
+    def __init__(self, cap: Capture, opts: StackOptions, names: dict[tuple[str, str], dict[int, Frame]],
+                 comms: dict[int, str]) -> None:
+        self.cap = cap
+        self.opts = opts
+        self.names = names  # (path, build id) -> file offset -> frame
+        self.comms = comms  # pid -> the command its snapshots name
+        self.pynames = _PythonNames(cap)
+        self.kcache: dict[int, Frame] = {}
+
+    def build(self, s: RawSample, chain: _Chain, counters: dict[str, int]) -> Stack:
+        opts = self.opts
+        frames: list[Frame] = []
+        if opts.group in ("process", "thread"):
+            frames.append(Frame(self.comms.get(s.pid) or s.comm or str(s.pid), FrameKind.PROCESS))
+        if opts.group == "thread":
+            frames.append(Frame(f"{s.comm} [{s.tid}]", FrameKind.PROCESS))
+        user: list[Frame] = []
+        if opts.user:
+            user = _user_frames(s, chain, self.names)
+            if s.py and s.py_flags & PyFlag.TSTATE and opts.python != "native":
+                frames.extend(self.pynames.merged(s, user, counters, python_only=opts.python == "python",
+                                                  fold=not opts.native_interp))
+            elif opts.python != "python":
+                frames.extend(user)
+        if opts.kernel:
+            kcache = self.kcache
+            for addr in reversed(s.kern):
+                f = kcache.get(addr)
+                if f is None:
+                    name = self.cap.kernel_symbols.get(addr)
+                    f = Frame(name, FrameKind.KERNEL, module="[kernel]") if name else UNKNOWN_KERNEL
+                    kcache[addr] = f
+                frames.append(f)
+        if s.off_cpu_ns:  # where it blocked: the leaf says on what
+            return with_marker(tuple(frames), user)
+        return tuple(frames)
 
 
 def _outermost_file(idx: _ProcessIndex | None, s: RawSample) -> str:
