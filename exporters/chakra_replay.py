@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Sequence
 from typing import Any
 
-from .chakra_rules import COLL, RECV, SEND, Problem, _attrs, _int_value, _Rank
+from .chakra_rules import COLL, RECV, SEND, Problem, _attrs, _int_value, _Rank, _topo
 
 
 def _replay(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
@@ -20,114 +19,150 @@ def _replay(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
     deps = {r: {n.id: (set(n.data_deps) | set(n.ctrl_deps)) for n in rk.nodes} for r, rk in ranks.items()}
     if any(any(not d <= known[r].keys() for d in deps[r].values()) for r in ranks):
         return  # rule 4 broken: the simulator stops at load
-    done: dict[int, set[int]] = {r: set() for r in ranks}
-    # each rank's nodes whose dependencies are all done and that are not issued yet, lowest id first (a heap);
-    # a node becomes ready when its last dependency finishes, so a pass never rescans the nodes still waiting
-    waiting = {r: {nid: len(d) for nid, d in deps[r].items()} for r in ranks}
-    users: dict[int, dict[int, list[int]]] = {r: defaultdict(list) for r in ranks}
-    for r in ranks:
-        for nid, d in deps[r].items():
-            for dep in d:
-                users[r][dep].append(nid)
-    ready = {r: sorted(nid for nid, w in waiting[r].items() if w == 0) for r in ranks}
-
-    def finish(r: int, nid: int) -> None:
-        done[r].add(nid)
-        for u in users[r].pop(nid, ()):
-            waiting[r][u] -= 1
-            if waiting[r][u] == 0:
-                heapq.heappush(ready[r], u)
-
-    colls: dict[int, list[tuple[int, int, int, int]]] = {r: [] for r in ranks}  # (id, type, size) in issue order
-    arrived: dict[int, dict[int, Any]] = defaultdict(dict)  # k -> rank -> node
-    queue: dict[tuple[int, int, int], deque[tuple[int, int]]] = defaultdict(deque)  # (src,dst,tag) -> (size, id)
-    receiving: dict[int, list[Any]] = {r: [] for r in ranks}
-    mismatch: list[Problem] = []
-    reported: set[int] = set()
+    rp = _Replay(ranks, known, deps)
     progress = True
     while progress:
-        progress = False
+        issued = rp.issue()
+        received = rp.receive()
+        met = rp.meet()
+        progress = issued or received or met
+    problems += rp.mismatch
+    rp.unfinished(problems)
+    _order(ranks, problems)
+
+
+class _Replay:
+    """The state of a replay and its three steps, repeated while one makes progress: issue the nodes that are
+    ready, match receives with sends, meet the collectives every rank has issued."""
+
+    def __init__(self, ranks: dict[int, _Rank], known: dict[int, dict[int, Any]],
+                 deps: dict[int, dict[int, set[int]]]) -> None:
+        self.ranks, self.known = ranks, known
+        self.done: dict[int, set[int]] = {r: set() for r in ranks}
+        # each rank's nodes whose dependencies are all done and that are not issued yet, lowest id first (a heap);
+        # a node becomes ready when its last dependency finishes, so a pass never rescans the nodes still waiting
+        self.waiting = {r: {nid: len(d) for nid, d in deps[r].items()} for r in ranks}
+        self.users: dict[int, dict[int, list[int]]] = {r: defaultdict(list) for r in ranks}
         for r in ranks:
+            for nid, d in deps[r].items():
+                for dep in d:
+                    self.users[r][dep].append(nid)
+        self.ready = {r: sorted(nid for nid, w in self.waiting[r].items() if w == 0) for r in ranks}
+        self.colls: dict[int, list[tuple[int, int, int, int]]] = {r: [] for r in ranks}  # (id, type, size) in order
+        self.arrived: dict[int, dict[int, Any]] = defaultdict(dict)  # k -> rank -> node
+        # (src,dst,tag) -> (size, id)
+        self.queue: dict[tuple[int, int, int], deque[tuple[int, int]]] = defaultdict(deque)
+        self.receiving: dict[int, list[Any]] = {r: [] for r in ranks}
+        self.mismatch: list[Problem] = []
+        self.reported: set[int] = set()
+
+    def finish(self, r: int, nid: int) -> None:
+        self.done[r].add(nid)
+        waiting, ready = self.waiting[r], self.ready[r]
+        for u in self.users[r].pop(nid, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+
+    def issue(self) -> bool:
+        """Issue every rank's ready nodes; whether any was."""
+        progress = False
+        for r in self.ranks:
+            ready = self.ready[r]
             # in id order, as a scan of the sorted nodes would: one made ready during the pass by a node with a
             # higher id waits for the next pass
             later: list[int] = []
             last = -1
-            while ready[r]:
-                nid = heapq.heappop(ready[r])
+            while ready:
+                nid = heapq.heappop(ready)
                 if nid < last:
                     later.append(nid)
                     continue
                 last = nid
-                n = known[r][nid]
                 progress = True
-                a = _attrs(n)
-                if n.type == COLL:
-                    k = len(colls[r])
-                    colls[r].append((n.id, _int_value(a, "comm_type") or 0, _int_value(a, "comm_size") or 0, k))
-                    arrived[k][r] = n
-                elif n.type == SEND:
-                    key = (r, _int_value(a, "comm_dst") or 0, _int_value(a, "comm_tag") or 0)
-                    queue[key].append((_int_value(a, "comm_size") or 0, n.id))
-                    finish(r, n.id)
-                elif n.type == RECV:
-                    receiving[r].append(n)
-                else:
-                    finish(r, n.id)
+                self._issue_node(r, self.known[r][nid])
             for nid in later:
-                heapq.heappush(ready[r], nid)
-        for r in ranks:
-            for n in list(receiving[r]):
+                heapq.heappush(ready, nid)
+        return progress
+
+    def _issue_node(self, r: int, n: Any) -> None:
+        a = _attrs(n)
+        if n.type == COLL:
+            k = len(self.colls[r])
+            self.colls[r].append((n.id, _int_value(a, "comm_type") or 0, _int_value(a, "comm_size") or 0, k))
+            self.arrived[k][r] = n
+        elif n.type == SEND:
+            key = (r, _int_value(a, "comm_dst") or 0, _int_value(a, "comm_tag") or 0)
+            self.queue[key].append((_int_value(a, "comm_size") or 0, n.id))
+            self.finish(r, n.id)
+        elif n.type == RECV:
+            self.receiving[r].append(n)
+        else:
+            self.finish(r, n.id)
+
+    def receive(self) -> bool:
+        """Finish the receives whose send was made; whether any was. One whose send has another size never does."""
+        progress = False
+        for r in self.ranks:
+            for n in list(self.receiving[r]):
                 a = _attrs(n)
                 key = (_int_value(a, "comm_src") or 0, r, _int_value(a, "comm_tag") or 0)
-                if not queue[key]:
+                if not self.queue[key]:
                     continue
-                size, sid = queue[key][0]
+                size, sid = self.queue[key][0]
                 if size != (_int_value(a, "comm_size") or 0):
-                    if n.id not in reported:
-                        reported.add(n.id)
-                        mismatch.append(Problem(f"rank {r}", "15 messages meet",
-                                                f"receives {_int_value(a, 'comm_size')} B from rank {key[0]} tag "
-                                                f"{key[2]}, whose send (rank {key[0]} node {sid}) has {size} B: it "
-                                                "never completes", (n.id,)))
+                    if n.id not in self.reported:
+                        self.reported.add(n.id)
+                        self.mismatch.append(Problem(
+                            f"rank {r}", "15 messages meet", f"receives {_int_value(a, 'comm_size')} B from rank "
+                            f"{key[0]} tag {key[2]}, whose send (rank {key[0]} node {sid}) has {size} B: it never "
+                            "completes", (n.id,)))
                     continue
-                queue[key].popleft()
-                receiving[r].remove(n)
-                finish(r, n.id)
+                self.queue[key].popleft()
+                self.receiving[r].remove(n)
+                self.finish(r, n.id)
                 progress = True
-        for k in sorted(arrived):
-            parts = arrived[k]
-            if len(parts) < len(ranks):
+        return progress
+
+    def meet(self) -> bool:
+        """Finish the collectives every rank has issued, when their type and size agree; whether any was."""
+        progress = False
+        for k in sorted(self.arrived):
+            parts = self.arrived[k]
+            if len(parts) < len(self.ranks):
                 continue
             shapes = {r: (_int_value(_attrs(n), "comm_type"), _int_value(_attrs(n), "comm_size"))
                       for r, n in parts.items()}
             if len(set(shapes.values())) > 1:
-                if k not in reported:
-                    reported.add(k)
+                if k not in self.reported:
+                    self.reported.add(k)
                     desc = "; ".join(f"rank {r} node {parts[r].id}: type {t} size {s}" for r, (t, s) in
                                      sorted(shapes.items()))
-                    mismatch.append(Problem("ranks", "22 collectives match",
-                                            f"collective #{k} differs across ranks ({desc}): its packets never "
-                                            "match, the ranks hang", tuple(sorted({n.id for n in parts.values()}))))
+                    self.mismatch.append(Problem(
+                        "ranks", "22 collectives match", f"collective #{k} differs across ranks ({desc}): its "
+                        "packets never match, the ranks hang", tuple(sorted({n.id for n in parts.values()}))))
                 continue
             for r, n in parts.items():
-                finish(r, n.id)
-            del arrived[k]
+                self.finish(r, n.id)
+            del self.arrived[k]
             progress = True
-    problems += mismatch
-    for k in sorted(arrived):
-        parts = arrived[k]
-        missing = sorted(set(ranks) - parts.keys())
-        if missing and k not in reported:
-            problems.append(Problem("ranks", "22 collectives match", f"collective #{k} is issued by rank(s) "
-                                    f"{', '.join(map(str, sorted(parts)))} but never by rank(s) "
-                                    f"{', '.join(map(str, missing))}: the ranks that issued it hang",
-                                    tuple(sorted(n.id for n in parts.values()))))
-    for r, rk in ranks.items():
-        stuck = sorted(set(known[r]) - done[r])
-        if stuck:
-            problems.append(Problem(rk.path, "stall", "never finish in a replay of the dependencies: the simulator "
-                                    "prints no 'finished' line for this rank", tuple(stuck)))
-    _order(ranks, problems)
+        return progress
+
+    def unfinished(self, problems: list[Problem]) -> None:
+        """Report the collectives some rank never issued, and each rank's nodes that never finished."""
+        for k in sorted(self.arrived):
+            parts = self.arrived[k]
+            missing = sorted(set(self.ranks) - parts.keys())
+            if missing and k not in self.reported:
+                problems.append(Problem("ranks", "22 collectives match", f"collective #{k} is issued by rank(s) "
+                                        f"{', '.join(map(str, sorted(parts)))} but never by rank(s) "
+                                        f"{', '.join(map(str, missing))}: the ranks that issued it hang",
+                                        tuple(sorted(n.id for n in parts.values()))))
+        for r, rk in self.ranks.items():
+            stuck = sorted(set(self.known[r]) - self.done[r])
+            if stuck:
+                problems.append(Problem(rk.path, "stall", "never finish in a replay of the dependencies: the "
+                                        "simulator prints no 'finished' line for this rank", tuple(stuck)))
 
 
 def _order(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
@@ -152,23 +187,3 @@ def _order(ranks: dict[int, _Rank], problems: list[Problem]) -> None:
             problems.append(Problem(rk.path, "9 collective order", "a collective that does not depend on the one "
                                     "before it: their order follows ids and timing, not dependencies",
                                     tuple(loose), "warning"))
-
-
-def _topo(nodes: Sequence[Any]) -> list[int]:
-    known = {n.id for n in nodes}
-    indeg = {n.id: len((set(n.data_deps) | set(n.ctrl_deps)) & known) for n in nodes}
-    users: dict[int, list[int]] = defaultdict(list)
-    for n in nodes:
-        for d in (set(n.data_deps) | set(n.ctrl_deps)) & known:
-            users[d].append(n.id)
-    todo = deque(sorted(i for i, d in indeg.items() if d == 0))
-    out = []
-    while todo:
-        i = todo.popleft()
-        out.append(i)
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                todo.append(u)
-    return out
-

@@ -101,7 +101,7 @@ def _check_rank(r: _Rank, world: int, comm_groups: set[int], splits: int, roofli
                     "nodes found')"))
     if not r.nodes:
         add(Problem(p, "6 a free node", "no nodes: the simulator aborts ('No dependancy free nodes found')"))
-    cyclic = _cyclic(r.nodes)
+    cyclic = {n.id for n in r.nodes} - set(_topo(r.nodes))  # what Kahn's algorithm leaves
     if cyclic:
         bad_ids = sorted(cyclic)
         by_rule[("7 no cycle", "in a dependency cycle (or after one): the simulator never runs them and still "
@@ -197,8 +197,9 @@ def _check_p2p(n: Any, a: dict[str, tuple[str | None, Any]], size: int | None, r
             bad("15 peer", f"{peer_key} is this rank: the simulator aborts ('src != dest')", n.id)
 
 
-def _cyclic(nodes: Sequence[Any]) -> set[int]:
-    """Ids of nodes that never become free because of a cycle (Kahn's algorithm leaves them)."""
+def _topo(nodes: Sequence[Any]) -> list[int]:
+    """Ids of the nodes in a dependency order (Kahn's algorithm, the free nodes lowest id first); the nodes in a
+    cycle, or after one, never become free and are left out."""
     known = {n.id for n in nodes}
     indeg: dict[int, int] = {}
     users: dict[int, list[int]] = defaultdict(list)
@@ -207,14 +208,13 @@ def _cyclic(nodes: Sequence[Any]) -> set[int]:
         indeg[n.id] = len(deps)
         for d in deps:
             users[d].append(n.id)
-    todo = deque(i for i, d in indeg.items() if d == 0)
-    done = set()
+    todo = deque(sorted(i for i, d in indeg.items() if d == 0))
+    out = []
     while todo:
         i = todo.popleft()
-        done.add(i)
+        out.append(i)
         for u in users[i]:
             indeg[u] -= 1
             if indeg[u] == 0:
                 todo.append(u)
-    return set(indeg) - done
-
+    return out
