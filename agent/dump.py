@@ -7,6 +7,7 @@ that run during it; a dump wants the sleeping ones most). The steps:
   (PTRACE_GETREGS), and detached as soon as the stacks are read; `--nonblocking` skips this (no native frames);
 - native stacks unwound here in user space with the same DWARF CFI tables the BPF unwinder uses
   (symbolize/objfmt/cfi, built once per binary and cached), falling back to frame pointers where a file has none;
+  these two steps, and naming the native frames, are agent/dump_native.py;
 - Python frames read from the interpreter's thread states (agent/python/detect.py finds the runtime and checks
   its layout), named by CodeResolver and merged into the native stack as profiles merge them
   (symbolize/python/merge.py);
@@ -18,14 +19,11 @@ thread's walk with a note, never the dump.
 
 from __future__ import annotations
 
-import bisect
-import ctypes
-import errno
 import os
 import time
 from dataclasses import dataclass, field
 
-from aiflame.agent.procmaps import read_maps
+from aiflame.agent.dump_native import _Names, _Ptrace, _read, _Unwinder
 from aiflame.agent.python.detect import (
     PyTarget,
     PythonNotLoaded,
@@ -39,21 +37,7 @@ from aiflame.core.errors import BadInput, TargetGone
 from aiflame.core.model import Frame, FrameKind
 from aiflame.core.python_layouts import PyLayout
 from aiflame.core.raw import RawPyFrame
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.objfmt import cfi
-from aiflame.symbolize.objfmt.cfi.table import (
-    CFA_DEREF_RBP,
-    CFA_END,
-    CFA_PLT,
-    CFA_PLT10,
-    CFA_RBP,
-    CFA_RSP,
-    RBP_INVALID,
-    RBP_OFFSET,
-    UnwindTable,
-)
-from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
 from aiflame.symbolize.python.code import CodeResolver, line_for
 from aiflame.symbolize.python.merge import fold_interpreter, merge, python_runs
@@ -61,9 +45,7 @@ from aiflame.symbolize.python.merge import fold_interpreter, merge, python_runs
 __all__ = ["DumpResult", "ThreadDump", "dump_process"]
 
 MAX_THREADS = 4096  # threads dumped; the rest are counted
-MAX_NATIVE = 128
 MAX_PY = 256
-STOP_WAIT_S = 0.5  # how long all threads together get to stop (one in D state may never)
 
 STATES = {"R": "running", "S": "sleeping", "D": "disk", "T": "stopped", "t": "traced", "Z": "zombie",
           "X": "dead", "I": "idle", "P": "parked", "W": "waking"}
@@ -77,10 +59,6 @@ _GIL: dict[tuple[int, int], tuple[str, int, int, int]] = {
     (3, 12): ("interp", 384, 16, 8),
     (3, 13): ("interp", 16, 16, 8),
 }
-
-_PTRACE_GETREGS, _PTRACE_DETACH, _PTRACE_SEIZE, _PTRACE_INTERRUPT = 12, 17, 0x4206, 0x4207
-_WALL = 0x40000000
-_REG_RBP, _REG_RIP, _REG_RSP = 4, 16, 19
 
 
 @dataclass
@@ -110,14 +88,6 @@ class DumpResult:
 # --- /proc --------------------------------------------------------------------------------------------------
 
 
-def _read(path: str, limit: int = 4096) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def _thread_state(pid: int, tid: int) -> tuple[str, str]:
     """(name, state) of a thread; state "exited" when it is gone."""
     stat = _read(f"/proc/{pid}/task/{tid}/stat")
@@ -129,178 +99,12 @@ def _thread_state(pid: int, tid: int) -> tuple[str, str]:
     return name, STATES.get(code, code)
 
 
-def _tracer(tid: int) -> int:
-    """The pid tracing `tid` (a debugger, strace, py-spy), 0 for none."""
-    for line in _read(f"/proc/{tid}/status").splitlines():
-        if line.startswith("TracerPid:"):
-            v = line.split(":", 1)[1].strip()
-            return int(v) if v.isdigit() else 0
-    return 0
-
-
 def _tids(pid: int) -> list[int]:
     try:
         names = os.listdir(f"/proc/{pid}/task")
     except OSError:
         raise TargetGone(f"process {pid} does not exist (or is gone)") from None
     return sorted(int(n) for n in names if n.isdigit())
-
-
-# --- stopping threads -----------------------------------------------------------------------------------------
-
-
-class _Ptrace:
-    """Threads seized and interrupted; registers read; all detached by `release` (also on any error)."""
-
-    def __init__(self) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self._libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-        self._libc.ptrace.restype = ctypes.c_long
-        self.seized: list[int] = []
-        self.stopped: set[int] = set()
-
-    def _call(self, req: int, tid: int, data: ctypes.c_void_p | None = None) -> int:
-        ctypes.set_errno(0)
-        r = self._libc.ptrace(req, tid, None, data)
-        return 0 if r == 0 else ctypes.get_errno() or errno.EIO
-
-    def stop(self, tids: list[int]) -> str:
-        """Stop what can be stopped; '' or why not all were."""
-        why = ""
-        for tid in tids:
-            err = self._call(_PTRACE_SEIZE, tid)
-            if err:
-                if err != errno.ESRCH:  # a thread that exited is no failure
-                    tracer = _tracer(tid)
-                    why = why or (f"cannot stop thread {tid}: already traced by pid {tracer}" if tracer else
-                                  f"cannot stop thread {tid}: {os.strerror(err)}")
-                continue
-            self.seized.append(tid)
-            self._call(_PTRACE_INTERRUPT, tid)
-        waiting = set(self.seized)
-        end = time.monotonic() + STOP_WAIT_S
-        while waiting and time.monotonic() < end:
-            for tid in list(waiting):
-                try:
-                    got, status = os.waitpid(tid, os.WNOHANG | _WALL)
-                except ChildProcessError:
-                    waiting.discard(tid)  # exited
-                    continue
-                if got == tid:
-                    waiting.discard(tid)
-                    if os.WIFSTOPPED(status):
-                        self.stopped.add(tid)
-            if waiting:
-                time.sleep(0.001)
-        if waiting:
-            why = why or f"{len(waiting)} thread(s) did not stop within {STOP_WAIT_S} s"
-        return why
-
-    def regs(self, tid: int) -> tuple[int, int, int] | None:
-        """(rip, rsp, rbp) of a stopped thread."""
-        if tid not in self.stopped:
-            return None
-        buf = (ctypes.c_uint64 * 27)()
-        if self._call(_PTRACE_GETREGS, tid, ctypes.cast(buf, ctypes.c_void_p)):
-            return None
-        return buf[_REG_RIP], buf[_REG_RSP], buf[_REG_RBP]
-
-    def release(self) -> None:
-        for tid in self.seized:
-            self._call(_PTRACE_DETACH, tid)
-        self.seized.clear()
-        self.stopped.clear()
-
-
-# --- native unwinding -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Map:
-    start: int
-    end: int
-    offset: int
-    path: str
-    bias: int | None = None  # runtime address minus link-time address; None: not computed yet
-    table: UnwindTable | None = None
-    tried: bool = False
-
-
-class _Unwinder:
-    """User-space unwinding of one process's threads through the CFI tables of its file mappings."""
-
-    def __init__(self, pid: int, mem: ProcessMemory) -> None:
-        self.pid = pid
-        self.mem = mem
-        self.maps: list[_Map] = []
-        for lo, hi, perms, off, _dev, inode, path in read_maps(pid) or []:
-            if "x" in perms and inode and path.startswith("/"):
-                self.maps.append(_Map(lo, hi, off, path))
-        self._starts = [m.start for m in self.maps]
-        self.errors: dict[str, str] = {}
-
-    def find(self, pc: int) -> _Map | None:
-        i = bisect.bisect_right(self._starts, pc) - 1
-        return self.maps[i] if i >= 0 and pc < self.maps[i].end else None
-
-    def _prepare(self, m: _Map) -> None:
-        m.tried = True
-        where = f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}"
-        try:
-            with ElfFile.open(where) as elf:
-                vaddr = elf.file_offset_to_vaddr(m.offset)
-            if vaddr is None:
-                return
-            m.bias = m.start - vaddr
-            m.table = cfi.load_or_build(where)
-        except (SymbolizeError, OSError) as e:
-            self.errors.setdefault(m.path, str(e).replace(where, m.path))
-
-    def unwind(self, rip: int, rsp: int, rbp: int) -> list[int]:
-        """Return addresses, leaf (the PC itself) first."""
-        pcs = [rip]
-        pc = rip
-        for _ in range(MAX_NATIVE - 1):
-            m = self.find(pc if len(pcs) == 1 else pc - 1)
-            if m is None:
-                break
-            if not m.tried:
-                self._prepare(m)
-            kind = -1
-            rule = None
-            if m.table is not None and m.bias is not None:
-                rule = m.table.lookup((pc if len(pcs) == 1 else pc - 1) - m.bias)
-                kind = rule.cfa_type
-            try:
-                if rule is not None and kind in (CFA_RSP, CFA_RBP, CFA_PLT, CFA_PLT10, CFA_DEREF_RBP):
-                    if kind == CFA_RSP:
-                        cfa = rsp + rule.cfa_off
-                    elif kind == CFA_RBP:
-                        cfa = rbp + rule.cfa_off
-                    elif kind in (CFA_PLT, CFA_PLT10):
-                        cfa = rsp + 8 + (8 if (pc & 15) >= (11 if kind == CFA_PLT else 10) else 0)
-                    else:
-                        cfa = self.mem.u64(rbp + rule.cfa_off)
-                    ra = self.mem.u64(cfa - 8)
-                    if rule.rbp_type == RBP_OFFSET:
-                        rbp = self.mem.u64(cfa + rule.rbp_off)
-                    elif rule.rbp_type == RBP_INVALID:
-                        rbp = 0
-                elif kind == CFA_END:
-                    break
-                else:  # no table, not covered, or a rule we cannot follow: frame pointers
-                    if not rbp or rbp < rsp:
-                        break
-                    cfa = rbp + 16
-                    ra = self.mem.u64(rbp + 8)
-                    rbp = self.mem.u64(rbp)
-            except ProcessMemoryError:
-                break
-            if not ra or cfa <= rsp:
-                break
-            pcs.append(ra)
-            pc, rsp = ra, cfa
-        return pcs
 
 
 # --- Python -------------------------------------------------------------------------------------------------
@@ -379,17 +183,53 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
         mem = ProcessMemory(pid)
     except ProcessMemoryError as e:
         raise TargetGone(str(e)) from None
-    target: PyTarget | None = None
+    target = _detect(pid, res)
+    pt = _Ptrace() if stop and native_stacks else None
+    raw = _read_threads(pid, tids, mem, target, pt, res)
+    resolver = CodeResolver(pid, target.layout) if target is not None else None
+    names = (_Names(raw.unwinder, native, [pcs for pcs, _ in raw.stacks.values()]) if raw.unwinder is not None
+             else None)
+    try:
+        py = _PyNames(target, resolver, fold) if target is not None and resolver is not None else None
+        for tid in tids:
+            res.threads.append(_thread_dump(pid, tid, states[tid], raw, names, py, pt is not None))
+    finally:
+        if resolver is not None:
+            resolver.close()
+        mem.close()
+    return res
+
+
+def _detect(pid: int, res: DumpResult) -> PyTarget | None:
+    """The target's Python runtime, noted in `res`; None (and why, in its notes) when there is none to read."""
     try:
         target = detect_python(pid)
     except (PythonUnsupported, PythonNotLoaded) as e:
         res.notes.append(str(e))
+        return None
     except OSError as e:
         res.notes.append(f"Python detection failed: {e}")
+        return None
     if target is not None:
         res.python = f"CPython {'.'.join(map(str, target.version))} ({target.binary})"
         res.notes.extend(target.warnings)
-    pt = _Ptrace() if stop and native_stacks else None
+    return target
+
+
+@dataclass
+class _Raw:
+    """What the dump read of the threads while they were stopped: nothing here is named yet."""
+
+    stacks: dict[int, tuple[list[int], list[RawPyFrame]]]  # tid -> (return addresses leaf first, Python frames)
+    tstates: dict[int, int]  # tid -> its Python thread state
+    holder: int | None  # the thread state holding the GIL (0: free, None: unknown)
+    unwinder: _Unwinder | None  # None: the threads were not stopped
+
+
+def _read_threads(pid: int, tids: list[int], mem: ProcessMemory, target: PyTarget | None, pt: _Ptrace | None,
+                  res: DumpResult) -> _Raw:
+    """Stop the threads (when `pt`), read their native and Python stacks and the GIL holder, and let them run
+    again; what went wrong goes to `res.notes`, how long they were stopped to `res.stopped_s`."""
     raw: dict[int, tuple[list[int], list[RawPyFrame]]] = {}
     tstates: dict[int, int] = {}
     holder: int | None = None
@@ -429,79 +269,51 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
             pt.release()  # the target runs again before any symbolizing
     if unwinder is not None and unwinder.errors:
         res.notes.extend(f"no CFI table, frame pointers only: {e}" for e in list(unwinder.errors.values())[:3])
-    resolver = CodeResolver(pid, target.layout) if target is not None else None
-    names = _Names(unwinder, native, [pcs for pcs, _ in raw.values()]) if unwinder is not None else None
-    py_names: dict[tuple[int, int], Frame] = {}
-    try:
-        for tid in tids:
-            name, state = states[tid]
-            pcs, pyf = raw[tid]
-            td = ThreadDump(tid, name, state)
-            ts = tstates.get(tid)
-            td.gil = bool(holder) and ts == holder
-            nat = names.stack(pcs) if pcs and names is not None else []
-            td.waits_for_gil = not td.gil and any(f.name.startswith("take_gil") for f in nat)
-            if pyf and target is not None and resolver is not None:
-                runs = python_runs(pyf, target.version[:2], target.layout.owner_cstack)
-
-                def name_of(f: RawPyFrame, r: CodeResolver = resolver) -> Frame:
-                    hit = py_names.get((f.code, f.instr))
-                    if hit is None:
-                        info = r.resolve(f.code)
-                        hit = (Frame("[unknown python]", FrameKind.PYTHON) if info is None else
-                               Frame(info.qualname, FrameKind.PYTHON, os.path.basename(info.filename), info.filename,
-                                     line_for(info, f.instr)))
-                        py_names[(f.code, f.instr)] = hit
-                    return hit
-
-                stack = merge(nat, runs, name_of).stack
-                if fold:
-                    stack = fold_interpreter(stack, os.path.basename(target.binary))
-                td.stack = stack
-            else:
-                td.stack = tuple(nat)
-            td.python = sum(1 for f in td.stack if f.kind == FrameKind.PYTHON)
-            if not pcs and pt is not None and state != "exited":
-                td.notes.append("native stack not read (thread not stopped)")
-            if state == "exited" or (not td.stack and not os.path.exists(f"/proc/{pid}/task/{tid}")):
-                td.state = "exited"
-            res.threads.append(td)
-    finally:
-        if resolver is not None:
-            resolver.close()
-        mem.close()
-    return res
+    return _Raw(raw, tstates, holder, unwinder)
 
 
-class _Names:
-    """Native frames of all threads, symbolized once per binary (a dump of thousands of threads repeats the same
-    few hundred return addresses)."""
+def _thread_dump(pid: int, tid: int, name_state: tuple[str, str], raw: _Raw, names: _Names | None,
+                 py: _PyNames | None, stopped: bool) -> ThreadDump:
+    """One thread's dump from what was read: its stack named and merged, its GIL role, its notes. `stopped`: the
+    dump tried to stop the threads (so a thread without native frames is worth a note)."""
+    name, state = name_state
+    pcs, pyf = raw.stacks[tid]
+    td = ThreadDump(tid, name, state)
+    td.gil = bool(raw.holder) and raw.tstates.get(tid) == raw.holder
+    nat = names.stack(pcs) if pcs and names is not None else []
+    td.waits_for_gil = not td.gil and any(f.name.startswith("take_gil") for f in nat)
+    td.stack = py.merged(nat, pyf) if pyf and py is not None else tuple(nat)
+    td.python = sum(1 for f in td.stack if f.kind == FrameKind.PYTHON)
+    if not pcs and stopped and state != "exited":
+        td.notes.append("native stack not read (thread not stopped)")
+    if state == "exited" or (not td.stack and not os.path.exists(f"/proc/{pid}/task/{tid}")):
+        td.state = "exited"
+    return td
 
-    def __init__(self, unwinder: _Unwinder, native: NativeSymbolizer, stacks: list[list[int]]) -> None:
-        self.unwinder = unwinder
-        wanted: dict[str, set[int]] = {}
-        for pcs in stacks:
-            for i, pc in enumerate(pcs):
-                m = unwinder.find(pc if i == 0 else pc - 1)
-                if m is not None:
-                    wanted.setdefault(m.path, set()).add((pc if i == 0 else pc - 1) - m.start + m.offset)
-        self.frames: dict[str, dict[int, Frame]] = {}
-        for path, offs in wanted.items():
-            try:
-                self.frames[path] = native.symbolize(path, None, offs)
-            except SymbolizeError:
-                self.frames[path] = {}
 
-    def stack(self, pcs: list[int]) -> list[Frame]:
-        """Native frames root -> leaf; return addresses looked up one byte back (the call)."""
-        out: list[Frame] = []
-        for i, pc in enumerate(pcs):
-            look = pc if i == 0 else pc - 1
-            m = self.unwinder.find(look)
-            if m is None:
-                out.append(Frame(f"[unknown] {pc:#x}", FrameKind.UNKNOWN))
-                continue
-            off = look - m.start + m.offset
-            mod = os.path.basename(m.path)
-            out.append(self.frames.get(m.path, {}).get(off) or Frame(f"{mod}+{off:#x}", FrameKind.UNKNOWN, mod))
-        return out[::-1]
+class _PyNames:
+    """Python frames named through the target's code objects (each code object and instruction once, for all
+    threads) and merged into the native frames as profiles merge them."""
+
+    def __init__(self, target: PyTarget, resolver: CodeResolver, fold: bool) -> None:
+        self.target, self.resolver, self.fold = target, resolver, fold
+        self.frames: dict[tuple[int, int], Frame] = {}
+
+    def name(self, f: RawPyFrame) -> Frame:
+        hit = self.frames.get((f.code, f.instr))
+        if hit is None:
+            info = self.resolver.resolve(f.code)
+            hit = (Frame("[unknown python]", FrameKind.PYTHON) if info is None else
+                   Frame(info.qualname, FrameKind.PYTHON, os.path.basename(info.filename), info.filename,
+                         line_for(info, f.instr)))
+            self.frames[(f.code, f.instr)] = hit
+        return hit
+
+    def merged(self, nat: list[Frame], pyf: list[RawPyFrame]) -> tuple[Frame, ...]:
+        """The thread's stack, root -> leaf: native frames `nat` with the Python frames `pyf` (newest first)."""
+        t = self.target
+        runs = python_runs(pyf, t.version[:2], t.layout.owner_cstack)
+        stack = merge(nat, runs, self.name).stack
+        if self.fold:
+            stack = fold_interpreter(stack, os.path.basename(t.binary))
+        return stack

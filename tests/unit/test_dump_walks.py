@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.dump import MAX_NATIVE, MAX_PY, _Map, _py_frames, _Unwinder
+from aiflame.agent.dump import MAX_PY, _py_frames
+from aiflame.agent.dump_native import MAX_NATIVE, _Map, _Unwinder
 from aiflame.core.python_layouts import layout_for
 from aiflame.symbolize.process_memory import ProcessMemoryError
 
