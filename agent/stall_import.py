@@ -57,71 +57,24 @@ def import_records(
     each one line, before anything is written."""
     # here, not at the top: `aiflame` imports this module for FORMATS and LAYOUTS when it builds its parser
     from aiflame.core.capture import read_capture, write_capture
-    from aiflame.symbolize.vendor.rocprof_pc import code_object_from_elf
-    from aiflame.symbolize.vendor.rocprof_pc import parse_records as parse_rocprof_records
 
     if fmt not in FORMATS:
         raise ImportRecordsError(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
     cap = read_capture(capture)
-    stalls: list[RawStallSample] = []
-    counters: dict[str, int] = {}
-    code: list[GpuCode] = []
-
-    def add(more: dict[str, int]) -> None:
-        for k, v in more.items():
-            counters[k] = counters.get(k, 0) + v
-
-    notes: list[str] = []
+    got = _Imported()
     if fmt == "xe":
         if platform is None:
             raise ImportRecordsError("--platform is required for Xe records (pvc, xe2 or xe3p)")
-        for path in records:
-            data = _read(path, "Xe EU stall records")
-            parsed = parse_records(data, platform, record_size=record_size, device=device)
-            _check_xe(path, parsed, platform, record_size)
-            if not parsed.samples:
-                notes.append(f"{path}: {parsed.records} EU stall records, none with a stall counted")
-            stalls.extend(s if not pid else _with_pid(s, pid) for s in parsed.samples)
-            add(parsed.counters())
+        _import_xe(got, records, platform, record_size, device, pid)
     elif fmt == "rocprof":
-        cos: dict[int, CodeObject] = {}
-        for ident, path in code_objects or []:
-            data = _read(path, "an AMDGPU code object")
-            _check_amdgpu(path, data)
-            cos[ident] = code_object_from_elf(ident, data)
-            code.append(GpuCode(cos[ident].digest, "amdgpu-elf", 0, str(path), data))
-        for path in records:
-            parsed_r = parse_rocprof_records(_read(path, "rocprofiler PC-sampling records"), code_objects=cos,
-                                             pid=pid, device=device, label=str(path))
-            stalls.extend(parsed_r.samples)
-            add(parsed_r.counters())
+        _import_rocprof(got, records, code_objects or [], device, pid)
     elif fmt == "cupti":
-        from aiflame.agent.accel.cupti import stalls_from_stream
-        from aiflame.symbolize.vendor.cupti_stream import parse_stream
-
-        for path in records:
-            stream = parse_stream(_read(path, "a CUPTI stream"), name=str(path), keep_pcs=False)
-            samples, cubins, counts = stalls_from_stream(stream)
-            if not samples:
-                notes.append(f"{path}: a CUPTI stream of pid {stream.pid} with no PC samples")
-            stalls.extend(s if not pid else _with_pid(s, pid) for s in samples)
-            code.extend(cubins)
-            add(dict(counts))
-            if stream.problems or not stream.complete:  # cut short or records skipped: say so in the footer
-                add({"cupti_stream_problems": len(stream.problems) + (not stream.complete)})
+        _import_cupti(got, records, pid)
     else:
-        for path in records:
-            _read(path, "an aiflame capture")
-            other = read_capture(path)
-            if not other.stalls:
-                notes.append(f"{path}: a capture without stall samples")
-            stalls.extend(other.stalls)
-            code.extend(other.gpu_code)
-            if other.footer:
-                add({k: v for k, v in other.footer.counters.items()
-                     if k.startswith(("stall", "cupti", "xe_", "rocprof"))})
+        _import_captures(got, records)
+    stalls, counters = got.stalls, got.counters
     before = {g.digest for g in cap.gpu_code}
-    new_code = [g for g in code if g.digest not in before and g.data]
+    new_code = [g for g in got.code if g.digest not in before and g.data]
     merged = Capture(cap.header, cap.samples, cap.processes, cap.kernel_symbols, cap.py_codes, cap.py_runtimes,
                      cap.events, [*cap.gpu_code, *new_code], [*cap.stalls, *stalls],
                      cap.footer or CaptureFooter())
@@ -131,7 +84,82 @@ def import_records(
     merged.footer.counters["imported_stall_samples"] = (merged.footer.counters.get("imported_stall_samples", 0)
                                                         + sum(s.count for s in stalls))
     write_capture(output, merged)
-    return ImportResult(len(stalls), sum(s.count for s in stalls), counters, len(new_code), notes)
+    return ImportResult(len(stalls), sum(s.count for s in stalls), counters, len(new_code), got.notes)
+
+
+@dataclass
+class _Imported:
+    """What the record files of one import hold, gathered file by file."""
+
+    stalls: list[RawStallSample] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    code: list[GpuCode] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # files of the right kind that held no samples
+
+    def add(self, more: dict[str, int]) -> None:
+        for k, v in more.items():
+            self.counters[k] = self.counters.get(k, 0) + v
+
+
+def _import_xe(got: _Imported, records: list[Path], platform: str, record_size: int, device: int,
+               pid: int) -> None:
+    for path in records:
+        data = _read(path, "Xe EU stall records")
+        parsed = parse_records(data, platform, record_size=record_size, device=device)
+        _check_xe(path, parsed, platform, record_size)
+        if not parsed.samples:
+            got.notes.append(f"{path}: {parsed.records} EU stall records, none with a stall counted")
+        got.stalls.extend(s if not pid else _with_pid(s, pid) for s in parsed.samples)
+        got.add(parsed.counters())
+
+
+def _import_rocprof(got: _Imported, records: list[Path], code_objects: list[tuple[int, Path]], device: int,
+                    pid: int) -> None:
+    from aiflame.symbolize.vendor.rocprof_pc import code_object_from_elf
+    from aiflame.symbolize.vendor.rocprof_pc import parse_records as parse_rocprof_records
+
+    cos: dict[int, CodeObject] = {}
+    for ident, path in code_objects:
+        data = _read(path, "an AMDGPU code object")
+        _check_amdgpu(path, data)
+        cos[ident] = code_object_from_elf(ident, data)
+        got.code.append(GpuCode(cos[ident].digest, "amdgpu-elf", 0, str(path), data))
+    for path in records:
+        parsed = parse_rocprof_records(_read(path, "rocprofiler PC-sampling records"), code_objects=cos,
+                                       pid=pid, device=device, label=str(path))
+        got.stalls.extend(parsed.samples)
+        got.add(parsed.counters())
+
+
+def _import_cupti(got: _Imported, records: list[Path], pid: int) -> None:
+    from aiflame.agent.accel.cupti import stalls_from_stream
+    from aiflame.symbolize.vendor.cupti_stream import parse_stream
+
+    for path in records:
+        stream = parse_stream(_read(path, "a CUPTI stream"), name=str(path), keep_pcs=False)
+        samples, cubins, counts = stalls_from_stream(stream)
+        if not samples:
+            got.notes.append(f"{path}: a CUPTI stream of pid {stream.pid} with no PC samples")
+        got.stalls.extend(s if not pid else _with_pid(s, pid) for s in samples)
+        got.code.extend(cubins)
+        got.add(dict(counts))
+        if stream.problems or not stream.complete:  # cut short or records skipped: say so in the footer
+            got.add({"cupti_stream_problems": len(stream.problems) + (not stream.complete)})
+
+
+def _import_captures(got: _Imported, records: list[Path]) -> None:
+    from aiflame.core.capture import read_capture
+
+    for path in records:
+        _read(path, "an aiflame capture")
+        other = read_capture(path)
+        if not other.stalls:
+            got.notes.append(f"{path}: a capture without stall samples")
+        got.stalls.extend(other.stalls)
+        got.code.extend(other.gpu_code)
+        if other.footer:
+            got.add({k: v for k, v in other.footer.counters.items()
+                     if k.startswith(("stall", "cupti", "xe_", "rocprof"))})
 
 
 def _with_pid(s: RawStallSample, pid: int) -> RawStallSample:
