@@ -19,7 +19,7 @@ from aiflame.agent.preflight import SessionError, check_out_dir, check_pid, chec
 from aiflame.agent.procs import alive, descendants, own_cpu_s
 from aiflame.agent.runtimes.manager import Attached
 from aiflame.core.capture import CaptureWriter, new_header
-from aiflame.core.raw import CaptureFooter
+from aiflame.core.raw import CaptureFooter, CaptureHeader
 
 __all__ = ["Session", "SessionConfig", "SessionError", "SessionResult", "SessionStats", "check_pid", "check_root"]
 
@@ -124,11 +124,7 @@ class Session:
                  initial: list[int]) -> SessionResult:
         cfg, pipe = self.cfg, self.pipeline
         path = cfg.out_dir / f"{cfg.prefix}.aiflame"
-        header = new_header(cfg.sampler.frequency, sampler.event_used, cfg.argv or sys.argv,
-                            " ".join(cfg.command) if cfg.command else
-                            "all processes" if cfg.all_processes else f"pid {cfg.pid}",
-                            {"sampling": cfg.sampler.describe(sampler.event_used)}, off_cpu=cfg.sampler.off_cpu)
-        writer = CaptureWriter(path, header)
+        writer = CaptureWriter(path, self._header(sampler))
         pipe.open_file(writer)
         if launcher:
             launcher.release()
@@ -143,6 +139,44 @@ class Session:
         elif cfg.delay_s:
             pipe.samples_from_ns = mono_ns() + int(cfg.delay_s * 1e9)
         deadline = t0 + cfg.delay_s + cfg.duration_s if cfg.duration_s else None
+        self._poll(sampler, launcher, root_pid, t0, deadline)
+        stop_ns = mono_ns()
+        pipe.release_targets()
+        pipe.drain()  # answers the stops already sent; finish() continues any still held
+        pipe.finish_off_cpu(stop_ns)
+        if pipe.probes:
+            pipe.probes.finish(mono_ns())
+        code_warnings = pipe.write_gpu_code()
+        agent_cpu = own_cpu_s() - cpu0
+        pipe.write_kernel_names()
+        table_warnings = self._final_counters(sampler)
+        gpu_counters, gpu_warnings = self.gpu.finish(writer, pipe.launches.saw_runtime("cuda"),
+                                                     bool(launcher and not launcher.poll()))
+        self.stats.counters.update(gpu_counters)
+        writer.close(CaptureFooter(
+            time.time_ns(), mono_ns(), 0, dict(self.stats.counters), self._stop_reason, agent_cpu,
+        ))
+        exit_code = None
+        if launcher:
+            if self._stop_reason in ("interrupted", "terminated"):
+                launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
+            exit_code = launcher.exit_code
+        warnings = list(pipe.python.warnings) + (pipe.probes.warnings if pipe.probes else []) + code_warnings
+        warnings += gpu_warnings + table_warnings
+        probed = pipe.probes.probed_files() if pipe.probes else []
+        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings, probed)
+
+    def _header(self, sampler: CpuSampler) -> CaptureHeader:
+        cfg = self.cfg
+        return new_header(cfg.sampler.frequency, sampler.event_used, cfg.argv or sys.argv,
+                          " ".join(cfg.command) if cfg.command else
+                          "all processes" if cfg.all_processes else f"pid {cfg.pid}",
+                          {"sampling": cfg.sampler.describe(sampler.event_used)}, off_cpu=cfg.sampler.off_cpu)
+
+    def _poll(self, sampler: CpuSampler, launcher: Launcher | None, root_pid: int | None, t0: float,
+              deadline: float | None) -> None:
+        """Drain the pipeline about every POLL_S until a stop reason: a signal, the duration, the target's end."""
+        pipe = self.pipeline
         while not self._stop_reason:
             tick = time.monotonic() + POLL_S
             # Library opens wake us at once (their process waits, stopped, for its probes).
@@ -159,15 +193,11 @@ class Session:
                 self._stop_reason = f"command exited ({launcher.exit_code})"
             elif not launcher and root_pid is not None and not alive(root_pid):
                 self._stop_reason = "target exited"
-        stop_ns = mono_ns()
-        pipe.release_targets()
-        pipe.drain()  # answers the stops already sent; finish() continues any still held
-        pipe.finish_off_cpu(stop_ns)
-        if pipe.probes:
-            pipe.probes.finish(mono_ns())
-        code_warnings = pipe.write_gpu_code()
-        agent_cpu = own_cpu_s() - cpu0
-        pipe.write_kernel_names()
+
+    def _final_counters(self, sampler: CpuSampler) -> list[str]:
+        """The sampler's, the unwind tables' and the runtime probes' counters into the stats; the warnings on
+        files whose CFI table failed."""
+        pipe = self.pipeline
         self.stats.counters = sampler.counters()
         if pipe.before_delay:
             self.stats.counters["before_delay"] = pipe.before_delay
@@ -187,18 +217,4 @@ class Session:
             self.stats.counters["returns_lost"] = pipe.probes.returns_lost
             self.stats.counters["stops_late"] = pipe.probes.stops_late
             self.stats.counters["libs_seen_full"] = pipe.probes.libs_seen_full
-        gpu_counters, gpu_warnings = self.gpu.finish(writer, pipe.launches.saw_runtime("cuda"),
-                                                     bool(launcher and not launcher.poll()))
-        self.stats.counters.update(gpu_counters)
-        writer.close(CaptureFooter(
-            time.time_ns(), mono_ns(), 0, dict(self.stats.counters), self._stop_reason, agent_cpu,
-        ))
-        exit_code = None
-        if launcher:
-            if self._stop_reason in ("interrupted", "terminated"):
-                launcher.stop(signal.SIGINT if self._stop_reason == "interrupted" else signal.SIGTERM)
-            exit_code = launcher.exit_code
-        warnings = list(pipe.python.warnings) + (pipe.probes.warnings if pipe.probes else []) + code_warnings
-        warnings += gpu_warnings + table_warnings
-        probed = pipe.probes.probed_files() if pipe.probes else []
-        return SessionResult(path, self._stop_reason, self.stats, agent_cpu, exit_code, warnings, probed)
+        return table_warnings
