@@ -4,6 +4,10 @@ The writer streams records as they are collected (so a long capture's memory sta
 Footer; the reader rejects foreign, truncated or corrupt files with one clear CaptureError line. A capture cut
 short (its writer killed) is read with `partial=True`, up to its last whole record; `recover_capture` writes
 that as a complete capture (`aiflame recover`).
+
+Over 400 lines on purpose: one format, read and written here: the framing, the limits and both directions of each
+record's protobuf conversion stay side by side, so that a record changes in one file (#27: one definition per
+record).
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ on the communication that had ended before it started; collectives are chained i
 piece depends on the communication that had ended before it began, so in the simulator compute waits for the
 communication it waited for in the capture, and no longer. Nothing else is emitted: no METADATA, MEM or INVALID
 node and no `is_cpu_op` true (the simulator aborts on them or refuses its overlap statistics).
+
+Over 400 lines on purpose: the decisions above (COLLECTIVE_MAP, the plan every rank writes, message pairing, each
+rank's nodes and dependencies) are one mapping, kept with this explanation of it.
 """
 
 from __future__ import annotations

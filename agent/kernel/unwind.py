@@ -7,7 +7,11 @@ once, however many processes map it. A CUDA torch process maps more CFI rows tha
 An evicted table is not loaded again when its file is seen mapped again, only when a walk stops at it (its
 processes' mappings walk with frame pointers meanwhile, and samples say so): a steady job does not churn. A file
 whose CFI cannot be read falls back to frame pointers alone, with its error kept once for the summary and
-`doctor`."""
+`doctor`.
+
+Over 400 lines on purpose: the row pool, the shared rule table and each process's mappings are one state
+(UnwindTables) that loading, eviction and the walks' feedback change together; apart, each would reach into the
+others."""
 
 from __future__ import annotations
 

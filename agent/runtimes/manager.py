@@ -1,5 +1,8 @@
 """Runs the runtime plug-ins in a capture: finds their libraries, attaches their probes before first use, pairs
-call and return records, and hands finished calls to the plug-in that decodes them into events."""
+call and return records, and hands finished calls to the plug-in that decodes them into events.
+
+Over 400 lines on purpose: attaching probes and pairing their records share ProbeManager's state (the files
+probed, the targets held stopped at a library open, the calls still open, each target's allowance)."""
 
 from __future__ import annotations
 
