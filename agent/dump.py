@@ -183,13 +183,14 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
         mem = ProcessMemory(pid)
     except ProcessMemoryError as e:
         raise TargetGone(str(e)) from None
-    target = _detect(pid, res)
-    pt = _Ptrace() if stop and native_stacks else None
-    raw = _read_threads(pid, tids, mem, target, pt, res)
-    resolver = CodeResolver(pid, target.layout) if target is not None else None
-    names = (_Names(raw.unwinder, native, [pcs for pcs, _ in raw.stacks.values()]) if raw.unwinder is not None
-             else None)
-    try:
+    resolver = None
+    try:  # the process's memory (and the code resolver's) closed whatever happens from here
+        target = _detect(pid, res)
+        pt = _Ptrace() if stop and native_stacks else None
+        raw = _read_threads(pid, tids, mem, target, pt, res)
+        resolver = CodeResolver(pid, target.layout) if target is not None else None
+        names = (_Names(raw.unwinder, native, [pcs for pcs, _ in raw.stacks.values()]) if raw.unwinder is not None
+                 else None)
         py = _PyNames(target, resolver, fold) if target is not None and resolver is not None else None
         for tid in tids:
             res.threads.append(_thread_dump(pid, tid, states[tid], raw, names, py, pt is not None))
