@@ -89,12 +89,17 @@ static __always_inline u64 read_ptr(u64 addr) {
     return v;
 }
 
+/* The u64 at `p` (in a map value), aligned or not, in one load. x86 loads it either way, and the verifier allows
+ * unaligned map value loads where unaligned access is efficient (x86, without BPF_F_STRICT_ALIGNMENT); a memcpy
+ * compiles to eight byte loads with shifts instead, which the verifier walks again on every path through them. */
+static __always_inline u64 load64(const void *p) {
+    return *(const u64 *)p;
+}
+
 /* 8 bytes at `off` of a frame read into `buf` (bounded so the verifier can see it stays inside). */
 static __always_inline u64 field64(struct py_buf *buf, s32 off) {
-    u64 v = 0;
     u32 o = (u32)off & 127;
-    __builtin_memcpy(&v, &buf->b[o], sizeof(v));
-    return v;
+    return load64(&buf->b[o]);
 }
 
 /* Is `ts` the thread state of kernel thread `tid`? */
@@ -258,7 +263,7 @@ static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
         st->page_lo = from;
         st->page_hi = to;
     }
-    __builtin_memcpy(out, st->page + (off & (UW_PAGE - 1)), 8);
+    *out = load64(st->page + (off & (UW_PAGE - 1)));
     return 0;
 }
 
