@@ -668,7 +668,10 @@ int on_sample(struct bpf_perf_event_data *ctx) {
     bpf_get_current_comm(rec->comm, sizeof(rec->comm));
     rec->unwind = 0;
     struct uw_state *st = uw_scratch.lookup(&zero);
-    if (st && unwind_procs.lookup(&tgid)) {
+    if (!st)
+        return 0;
+    st->target = target;
+    if (unwind_procs.lookup(&tgid)) {
         /* the task's user registers: the interrupted ones when the sample hit user code (cs RPL 3), else those
          * saved at its entry to the kernel */
         if ((ctx->regs.cs & 3) == 3) {
@@ -682,13 +685,16 @@ int on_sample(struct bpf_perf_event_data *ctx) {
             bpf_probe_read_kernel(&r[2], 8, &regs->bp);
             uw_begin(st, (u32)id, r[0], r[1], r[2], 1);
         }
-        st->target = target;
         if (st->pc)
             uw_progs.call(ctx, UW_PROG_STEP);
         count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
     }
     rec->user_len = bpf_get_stack(ctx, rec->data, AIFLAME_MAX_STACK * 8, BPF_F_USER_STACK);
-    return finish_sample(ctx, rec, target);
+    /* sample_finish adds the kernel stack and the Python frames: a tail call rather than finish_sample here, so
+     * the verifier walks the Python walker once (in sample_finish), not also in this program (a start-up cost) */
+    uw_progs.call(ctx, UW_PROG_FINISH);
+    count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
+    return 0;
 }
 
 /* One tail call's share of a walk (samples and probed calls alike): AIFLAME_UW_FRAMES more frames of `pid`'s

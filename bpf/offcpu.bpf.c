@@ -82,7 +82,10 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     bpf_get_current_comm(rec->comm, sizeof(rec->comm));
     rec->unwind = 0;
     struct uw_state *st = uw_off_scratch.lookup(&zero);
-    if (st && unwind_procs.lookup(&tgid)) {
+    if (!st)
+        return 0;
+    st->target = target;
+    if (unwind_procs.lookup(&tgid)) {
         /* its user registers, saved at its entry to the kernel (the system call it blocks in) */
         struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs((struct task_struct *)bpf_get_current_task_btf());
         u64 r[3] = {};
@@ -90,13 +93,15 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         bpf_probe_read_kernel(&r[1], 8, &regs->sp);
         bpf_probe_read_kernel(&r[2], 8, &regs->bp);
         uw_begin(st, tid, r[0], r[1], r[2], 1);
-        st->target = target;
         if (st->pc)
             uw_off_progs.call(args, UW_PROG_STEP);
         count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
     }
     rec->user_len = bpf_get_stack(args, rec->data, AIFLAME_MAX_STACK * 8, BPF_F_USER_STACK);
-    return finish_sample(args, rec, target);
+    /* offcpu_finish completes the record (kernel stack, Python frames), as sample_finish does for on_sample */
+    uw_off_progs.call(args, UW_PROG_FINISH);
+    count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
+    return 0;
 }
 
 /* The walk is over: the record takes its frames and how the walk ended, and offcpu_finish completes it. */

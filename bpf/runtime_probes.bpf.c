@@ -146,10 +146,12 @@ static __always_inline void count_unsent(struct sample_key *key, u64 n, u64 tid_
     }
 }
 
-/* After the caller's user stack: its Python frames, the out-pointer to remember, and the record out. */
-static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec, struct probe_spec *spec) {
+/* After the caller's user stack (when `stack`: the probe has PROBE_STACK): its Python frames, the out-pointer to
+ * remember, and the record out. */
+static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec, struct probe_spec *spec,
+                                       int stack) {
     u32 words = 0;
-    if (spec->flags & PROBE_STACK) {
+    if (stack) {
         u32 nu = (u32)rec->user_len / 8;
         if (nu > AIFLAME_MAX_STACK)
             nu = AIFLAME_MAX_STACK;
@@ -291,8 +293,13 @@ int on_call(struct pt_regs *ctx) {
             count(CNT_UW_TAILCALL_FAIL);
         }
         caller_frames(ctx, rec);
+        /* call_finish adds the Python frames: a tail call rather than finish_call here, so the verifier walks the
+         * Python walker once (in call_finish), not also in this program (a start-up cost) */
+        uw_call_progs.call(ctx, UW_PROG_FINISH);
+        count(CNT_UW_TAILCALL_FAIL);
+        return 0;
     }
-    return finish_call(ctx, rec, spec);
+    return finish_call(ctx, rec, spec, 0);
 }
 
 /* Tail-called from on_call: AIFLAME_UW_FRAMES more frames of the caller's stack, then again or call_finish. */
@@ -319,7 +326,7 @@ int call_finish(struct pt_regs *ctx) {
     struct probe_spec *spec = probe_specs.lookup(&probe);
     if (!spec)
         return 0;
-    return finish_call(ctx, rec, spec);
+    return finish_call(ctx, rec, spec, spec->flags & PROBE_STACK);
 }
 
 int on_ret(struct pt_regs *ctx) {
