@@ -82,10 +82,11 @@ static __always_inline int is_target(u32 tgid) {
     return target_flags(tgid) != 0;
 }
 
+/* The user u64 at addr, 0 when it cannot be read. The helper zeroes its buffer when a read fails (every kernel
+ * with it does), so there is no branch on its result: each branch doubles what the verifier walks after it. */
 static __always_inline u64 read_ptr(u64 addr) {
-    u64 v = 0;
-    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr) != 0)
-        return 0;
+    u64 v;
+    bpf_probe_read_user(&v, sizeof(v), (void *)addr);
     return v;
 }
 
@@ -534,12 +535,12 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
 }
 
 /* Walk the thread's Python frames, newest first, into data[base...]. Every frame is kept; user space drops
- * shims. Shared by the sampler and the runtime probes (whose launch stacks get Python frames too). */
-static __always_inline void put_word(u64 *data, u32 idx, u64 v) {
-    if (idx < AIFLAME_SAMPLE_WORDS)
-        data[idx] = v;
-}
-
+ * shims. Shared by the sampler and the runtime probes (whose launch stacks get Python frames too). `base` is at
+ * most 2 * AIFLAME_MAX_STACK (the user and kernel stacks before it), so every frame fits in data.
+ *
+ * The frame loop is walked by the kernel's verifier once per frame it may take (AIFLAME_MAX_PY_FRAMES), each
+ * branch in it doubling what follows until the paths meet again: what differs by interpreter version is chosen
+ * before the loop, as masks, and the loop body has no branch but its exits. */
 static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags, u32 tgid, u32 tid, u32 base,
                                         u32 target) {
     *py_count = 0;
@@ -565,8 +566,20 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
         *py_flags = flags;
         return;
     }
+    if (base > 2 * AIFLAME_MAX_STACK)
+        base = 2 * AIFLAME_MAX_STACK;
     u32 size = pp->frame_read & 127;
-    u32 n = 0;
+    s32 code_off = pp->frame_code, back_off = pp->frame_back, instr_off = pp->frame_instr;
+    s32 owner_off = pp->frame_owner, entry_off = pp->frame_is_entry;
+    /* 3.11+: the instruction is a pointer into the code object (less the code's address: an offset); before,
+     * f_lasti (the low 4 bytes) */
+    u64 code_mask = pp->version < 0x30b ? 0 : ~0ull;
+    u64 owner_mask = owner_off >= 0 ? 0xff : 0;  /* 3.11+: the frame's owner byte */
+    u64 entry_mask = entry_off >= 0 ? 0xff : 0;  /* 3.11, 3.12: is_entry */
+    /* opaque to the compiler, which would otherwise make a copy of the loop for each value (unswitching) */
+    asm volatile("" : "+r"(code_mask), "+r"(owner_mask), "+r"(entry_mask));
+    /* the count and the flags go through the record, not registers, so the verifier sees one state after the
+     * loop instead of one per exit */
     for (int i = 0; i < AIFLAME_MAX_PY_FRAMES; i++) {
         if (!frame)
             break;
@@ -574,33 +587,26 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
             flags |= PY_READ_ERR;
             break;
         }
-        u64 code = field64(buf, pp->frame_code);
-        u64 instr;
-        if (pp->version < 0x30b)
-            instr = (u32)field64(buf, pp->frame_instr); /* f_lasti: the low 4 bytes */
-        else
-            instr = (u32)(field64(buf, pp->frame_instr) - code);
-        if (pp->frame_owner >= 0)
-            instr |= (field64(buf, pp->frame_owner) & 0xff) << 32;
-        if (pp->frame_is_entry >= 0)
-            instr |= (field64(buf, pp->frame_is_entry) & 0xff) << 40;
-        put_word(data, base + 2 * i, code);
-        put_word(data, base + 2 * i + 1, instr);
-        n = i + 1;
+        u64 code = field64(buf, code_off);
+        u64 instr = (u32)(field64(buf, instr_off) - (code & code_mask));
+        instr |= (field64(buf, owner_off) & owner_mask) << 32;
+        instr |= (field64(buf, entry_off) & entry_mask) << 40;
+        data[base + 2 * i] = code;
+        data[base + 2 * i + 1] = instr;
+        *py_count = i + 1;
         if (!code) {
             flags |= PY_READ_ERR;
             break;
         }
-        frame = field64(buf, pp->frame_back);
+        frame = field64(buf, back_off);
     }
-    *py_count = n;
-    if (frame && n == AIFLAME_MAX_PY_FRAMES) {
-        flags |= PY_TRUNCATED;
+    *py_flags = flags;
+    if (frame && *py_count == AIFLAME_MAX_PY_FRAMES) {
+        *py_flags |= PY_TRUNCATED;
         count(CNT_PY_TRUNCATED);
     }
-    if (flags & PY_READ_ERR)
+    if (*py_flags & PY_READ_ERR)
         count(CNT_PY_READ_ERR);
-    *py_flags = flags;
 }
 
 /* After the user stack: the kernel stack, the Python frames, and the record out to the ring buffer. `ctx` is the
