@@ -222,7 +222,7 @@ struct uw_state {
      * scalars and the states of both branches of each step prune into one (linear, not exponential, cost) */
     u32 lo;
     u32 hi;
-    u32 pad;
+    u32 fail;   /* the frame's UW_STOP_* should frame pointers fail (in the map value, as lo and hi, for the verifier) */
     u64 recent_maps;  /* 1 + the indexes in unwind_proc.m of the last four mappings searched, 16 bits each */
     /* Part of a page of the walked stack (a deep walk reads a return address, and often rbp, in every frame),
      * copied at the first word read in it (uw_read). Invalid (page_addr 0) at the start of each walk: the stack
@@ -408,14 +408,13 @@ static __always_inline void uw_begin(struct uw_state *st, u32 tid, u64 pc, u64 s
     st->scans = 0;
 }
 
-/* Walk up to AIFLAME_UW_FRAMES frames of the user stack from st into data[st->n...]: CFI rows where the mapping
- * has a table, frame pointers where it has none or the rule cannot be followed. Returns 1 when the walk is
- * over (st->why says why). */
-static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct uw_state *st) {
+/* One frame of the user stack from st into data[st->n]: CFI rows where the mapping has a table, frame pointers
+ * where it has none or the rule cannot be followed. Returns 1 when the walk is over (st->why says why). */
+static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct uw_state *st) {
     u64 pc = st->pc, sp = st->sp, bp = st->bp;
     u32 n = st->n;
     int done = 0;
-    for (int j = 0; j < AIFLAME_UW_FRAMES; j++) {
+    do {  /* break: the walk is over; continue: on to the next frame */
         if (n >= AIFLAME_UW_MAX_DEPTH) {
             st->why |= UW_STOP_DEPTH;
             done = 1;
@@ -437,21 +436,21 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
                 m = uw_find_map(p, st, look);
             }
         }
-        u32 fail = UW_STOP_NO_MAPPING;
+        st->fail = UW_STOP_NO_MAPPING;
         u32 cfa_type = CFA_NONE;
         struct unwind_rule *r = NULL;
         if (m) {
-            fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED : UW_STOP_FP_END;
+            st->fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED : UW_STOP_FP_END;
             if (m->nrows) {
                 u64 addr = look - m->bias;
                 u32 rule = addr >> 32 ? 0 : uw_find_rule(st, m, (u32)addr);
-                fail = UW_STOP_NOT_COVERED;
+                st->fail = UW_STOP_NOT_COVERED;
                 if (rule) {
                     r = unwind_rules.lookup(&rule);
                     if (r) {
                         cfa_type = r->cfa_type;
                         if (cfa_type == CFA_INVALID)
-                            fail = UW_STOP_UNSUPPORTED;
+                            st->fail = UW_STOP_UNSUPPORTED;
                     }
                 }
             }
@@ -509,10 +508,10 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
             u64 frame[2];
             if (bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
                 uw_read(st, &frame[0], bp) != 0 || uw_read(st, &frame[1], bp + 8) != 0) {
-                if (fail == UW_STOP_NOT_COVERED && st->scan_ok && st->scans < UW_MAX_SCANS)
+                if (st->fail == UW_STOP_NOT_COVERED && st->scan_ok && st->scans < UW_MAX_SCANS)
                     st->scan_now = 1;  /* uw_scan looks for the return address; the reason is set there */
                 else
-                    st->why |= fail;
+                    st->why |= st->fail;
                 done = 1;
                 break;
             }
@@ -526,12 +525,27 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
             done = 1;
             break;
         }
-    }
+    } while (0);
     st->pc = pc;
     st->sp = sp;
     st->bp = bp;
     st->n = n;
     return done;
+}
+
+/* Walk up to AIFLAME_UW_FRAMES frames of the user stack from st. Returns 1 when the walk is over.
+ *
+ * Between frames the walk's registers (pc, sp, bp, frames so far) are in st, not in registers, and the
+ * compiler must read them again there (the barrier): the kernel's verifier, which walks the loop once per frame,
+ * then starts each frame from one state however the last one was found (CFI or frame pointers, a cached rule or
+ * a search...), instead of carrying every path's values into the next frame and walking it again for each. */
+static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct uw_state *st) {
+    for (int j = 0; j < AIFLAME_UW_FRAMES; j++) {
+        asm volatile("" ::: "memory");
+        if (unwind_frame(data, p, st))
+            return 1;
+    }
+    return 0;
 }
 
 /* Walk the thread's Python frames, newest first, into data[base...]. Every frame is kept; user space drops
