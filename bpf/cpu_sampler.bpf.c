@@ -283,6 +283,7 @@ static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, str
     st->lo = 0;
     st->hi = p->n;
     for (int i = 0; i < AIFLAME_MAP_STEPS; i++) {
+        asm volatile("" ::: "memory");  /* read the bounds from st, not from the last step's registers */
         u32 lo = st->lo, hi = st->hi;
         if (lo >= hi)
             break;
@@ -322,6 +323,7 @@ static __always_inline u32 uw_search_rule(struct uw_state *st, struct unwind_map
         st->hi = n;
     }
     for (int i = 0; i < AIFLAME_ROW_STEPS; i++) {
+        asm volatile("" ::: "memory");  /* read the bounds from st, not from the last step's registers */
         u32 lo = st->lo, hi = st->hi;
         if (lo >= hi)
             break;
