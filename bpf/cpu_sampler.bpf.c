@@ -247,7 +247,7 @@ static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
     u64 base = addr & ~(u64)(UW_PAGE - 1);
     u32 off = addr & (UW_PAGE - 1);
     if (off > UW_PAGE - 8)
-        return bpf_probe_read_user(out, 8, (void *)addr);
+        goto direct;
     if (st->page_addr != base || off < st->page_lo || off + 8 > st->page_hi) {
         u32 from = (off > UW_COPY_BELOW ? off - UW_COPY_BELOW : 0) & (UW_PAGE - 8);
         u32 to = st->page_addr == base && off >= st->page_hi ? UW_PAGE : from + UW_COPY_FIRST;
@@ -256,16 +256,27 @@ static __always_inline int uw_read(struct uw_state *st, u64 *out, u64 addr) {
         u64 len = to - from - 8;  /* 0..UW_PAGE - 8; the mask shows the verifier */
         asm volatile("%0 &= 4095" : "+r"(len));
         len += 8;
-        if (bpf_probe_read_user(st->page + from, len, (void *)(base + from)) != 0) {
-            st->page_addr = 0;
-            return bpf_probe_read_user(out, 8, (void *)addr);
-        }
-        st->page_addr = base;
+        /* the bounds before the copy (valid once page_addr is set): nothing but off is kept across the call */
         st->page_lo = from;
         st->page_hi = to;
+        if (bpf_probe_read_user(st->page + from, len, (void *)(base + from)) != 0) {
+            st->page_addr = 0;
+            goto direct;
+        }
+        st->page_addr = base;
     }
     *out = load64(st->page + (off & (UW_PAGE - 1)));
     return 0;
+direct: {
+        /* into a local, then *out from a register: *out is then a spilled value on every path, as on the copy's,
+         * which the verifier can match across paths (a helper's write would leave it as bytes of another kind) */
+        u64 v;
+        int err = bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+        u64 r = v;
+        asm volatile("" : "+r"(r));
+        *out = r;
+        return err;
+    }
 }
 
 static __always_inline struct unwind_map *uw_find_map(struct unwind_proc *p, struct uw_state *st, u64 pc) {
