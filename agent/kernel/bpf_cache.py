@@ -33,7 +33,8 @@ from typing import Any
 from aiflame.agent.kernel import bpf_sys
 from aiflame.core.safe_files import FileRefused, OutputDir, open_regular, trusted_dir
 
-__all__ = ["DEFAULT_DIR", "ENV", "BpfCache", "cache_key", "instantiate", "parse_entry", "serialize_entry"]
+__all__ = ["DEFAULT_DIR", "ENV", "BpfCache", "cache_key", "instantiate", "load_order", "parse_entry",
+           "serialize_entry"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ def _check_shape(e: dict[str, Any]) -> None:
                 raise EntryCorrupt("bad map")
         for p in e["progs"]:
             _ints(p, "type", "attach_type")
+            if "verified_insns" in p:  # entries of older compilers lack it
+                _ints(p, "verified_insns")
             if not all(isinstance(p[k], str) for k in ("name", "kname", "insns")):
                 raise EntryCorrupt("bad program")
         reply = e["reply"]
@@ -203,11 +206,18 @@ def instantiate(entry: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     return {"progs": dict(reply["progs"]), "maps": maps, "uprobe_multi": reply["uprobe_multi"]}, fds
 
 
+def load_order(progs: list[dict[str, Any]]) -> list[int]:
+    """The programs' indices in the order to load them: the costliest to verify first (the compile recorded what
+    each cost, in instructions walked; the longest first where it did not), so that on parallel threads none
+    of the costly ones starts last."""
+    return sorted(range(len(progs)), key=lambda i: (-progs[i].get("verified_insns", 0), -len(progs[i]["insns"])))
+
+
 def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int]) -> list[int]:
     """Load every program, on parallel threads (each is verified on its own, and the kernel's verifier is most
-    of a cached start: ~2.2 s of CPU for the sampler with the runtime probes here). All are loaded before this
-    returns, as a compile hands them over: every target is probed at once (libc's exit), so the probes'
-    programs are needed from its first library open. The fds go to `opened`; the first failure is raised."""
+    of a cached start). All are loaded before this returns, as a compile hands them over: every target is
+    probed at once (libc's exit), so the probes' programs are needed from its first library open. The fds go to
+    `opened`; the first failure is raised."""
     def one(i: int) -> int:
         p = entry["progs"][i]
         return bpf_sys.prog_load(p["type"], codes[i], entry["license"], name=p["kname"],
@@ -216,9 +226,8 @@ def _load_programs(entry: dict[str, Any], codes: list[bytes], opened: list[int])
 
     fds: dict[int, int] = {}
     errors: list[BaseException] = []
-    order = sorted(range(len(codes)), key=lambda i: -len(codes[i]))  # longest first: a short one ends last
     with ThreadPoolExecutor(max_workers=max(1, min(len(codes), os.cpu_count() or 1))) as pool:
-        futures = {i: pool.submit(one, i) for i in order}
+        futures = {i: pool.submit(one, i) for i in load_order(entry["progs"])}
         for i, f in futures.items():
             try:
                 fds[i] = f.result()

@@ -12,7 +12,8 @@ the descriptors attached, in the order it lists them. Compile errors go to stder
 
 On stdout (stray output of BCC and LLVM goes to stderr instead) it writes, as JSON, what loading the same programs
 without BCC takes (agent/kernel/bpf_cache.py keeps it): each program's instructions as BCC produced them, with
-every map reference (ld_imm64, src_reg BPF_PSEUDO_MAP_FD) holding the map's index instead of its fd; each map as
+every map reference (ld_imm64, src_reg BPF_PSEUDO_MAP_FD) holding the map's index instead of its fd, and the
+instructions the verifier walked to load it (what a load costs); each map as
 the kernel describes it (type, sizes, flags, name, BTF type ids); the BTF the maps were created with; the reply
 above with map indices for fds; and the toolchain files this compile used, to notice an upgrade. "cacheable" is
 false (with the reason) when the programs hold something that list cannot carry (other pseudo sources, BPF calls).
@@ -88,6 +89,19 @@ def _map_refs(code: bytes) -> tuple[list[tuple[int, int]], str]:
     return refs, ""
 
 
+def _verified_insns(prog_fd: int) -> int:
+    """How many instructions the verifier walked to load the program (its fdinfo, Linux 5.16+; 0 if not there):
+    what loading it again will cost, by which a cached load schedules its programs."""
+    try:
+        with open(f"/proc/self/fdinfo/{prog_fd}") as f:
+            for line in f:
+                if line.startswith("verified_insns:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _toolchain(bcc_file: str) -> list[list[Any]]:
     """The files this compile's output depends on beside its request: BCC (library and Python package), LLVM,
     libbpf, the kernel headers BCC compiles against; as [path, size, mtime_ns, inode]."""
@@ -127,7 +141,7 @@ def _cache_entry(bpf: Any, loaded: list[tuple[str, int, int, int]], reply: dict[
             struct.pack_into("<i", code, at, indices.setdefault(map_fd, len(indices)))
         kname = _info(fd, 80)[64:80].split(b"\0", 1)[0].decode()
         progs.append({"name": name, "kname": kname, "type": prog_type, "attach_type": attach_type,
-                      "insns": base64.b64encode(code).decode()})
+                      "insns": base64.b64encode(code).decode(), "verified_insns": _verified_insns(fd)})
     if why:
         return {"cacheable": False, "why": why}
     out_maps = {}

@@ -81,6 +81,7 @@ def test_any_damage_is_refused(data: st.DataObject) -> None:
     lambda e: e.pop("progs"),
     lambda e: e.update(toolchain=[]),
     lambda e: e["progs"][0].update(attach_type=-1),
+    lambda e: e["progs"][0].update(verified_insns="many"),
 ])
 def test_a_well_formed_entry_of_the_wrong_shape_is_refused(spoil: Any) -> None:
     entry = _entry(Path(__file__))
@@ -96,6 +97,13 @@ def test_map_references_get_the_created_maps_fds() -> None:
     assert code[8:] == CODE[8:]  # the plain constant is left alone
     with pytest.raises(EntryCorrupt, match="out of range"):
         bpf_cache._patch_maps(bytearray(CODE), [])
+
+
+def test_the_costliest_programs_load_first() -> None:
+    progs: list[dict[str, Any]] = [{"insns": "a" * 8, "verified_insns": 10}, {"insns": "a" * 80, "verified_insns": 5},
+             {"insns": "a" * 16, "verified_insns": 900}, {"insns": "a" * 24}, {"insns": "a" * 40}]
+    # by the instructions the compile's verification walked; without a count (an older entry), the longest first
+    assert bpf_cache.load_order(progs) == [2, 0, 1, 4, 3]
 
 
 def test_a_changed_toolchain_file_is_noticed(tmp_path: Path) -> None:
