@@ -570,9 +570,14 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
  * before the loop, as masks, and the loop body has no branch but its exits. */
 static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags, u32 tgid, u32 tid, u32 base,
                                         u32 target) {
+    /* base goes through the record, as the count will: the verifier then carries one unknown value through the
+     * walk, not one state per range of the callers' stack lengths (nine for finish_sample) */
+    *py_count = base;
+    asm volatile("" ::: "memory");
+    base = *py_count;
     *py_count = 0;
     *py_flags = 0;
-    if (!(target & TARGET_PY))
+    if (!(target & TARGET_PY) || base > 2 * AIFLAME_MAX_STACK)
         return;
     struct py_proc *pp = py_procs.lookup(&tgid);
     if (!pp)
@@ -593,8 +598,6 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
         *py_flags = flags;
         return;
     }
-    if (base > 2 * AIFLAME_MAX_STACK)
-        base = 2 * AIFLAME_MAX_STACK;
     u32 size = pp->frame_read & 127;
     s32 code_off = pp->frame_code, back_off = pp->frame_back, instr_off = pp->frame_instr;
     s32 owner_off = pp->frame_owner, entry_off = pp->frame_is_entry;
@@ -636,22 +639,26 @@ static __always_inline void walk_python(u64 *data, u32 *py_count, u32 *py_flags,
         count(CNT_PY_READ_ERR);
 }
 
+/* The words a stack of `len` bytes (a bpf_get_stack result: negative on error) takes in a sample's data. */
+static __always_inline u32 stack_words(s32 len) {
+    u32 n = len > 0 ? (u32)len / 8 : 0;
+    return n > AIFLAME_MAX_STACK ? AIFLAME_MAX_STACK : n;
+}
+
 /* After the user stack: the kernel stack, the Python frames, and the record out to the ring buffer. `ctx` is the
 program's context (a perf event's, or a tracepoint's for off-CPU records): the kernel stack is current's. */
 static __always_inline int finish_sample(void *ctx, struct sample_rec *rec, u32 target) {
     if (rec->user_len < 0)
         count(CNT_USTACK_ERR);
-    u32 nu = rec->user_len > 0 ? (u32)rec->user_len / 8 : 0;
-    if (nu > AIFLAME_MAX_STACK)
-        nu = AIFLAME_MAX_STACK;
+    u32 nu = stack_words(rec->user_len);
     rec->kern_len = bpf_get_stack(ctx, &rec->data[nu], AIFLAME_MAX_STACK * 8, 0);
     if (rec->kern_len < 0)
         count(CNT_KSTACK_ERR);
-    u32 nk = rec->kern_len > 0 ? (u32)rec->kern_len / 8 : 0;
-    if (nk > AIFLAME_MAX_STACK)
-        nk = AIFLAME_MAX_STACK;
-    walk_python(rec->data, &rec->py_count, &rec->py_flags, rec->pid, rec->tid, nu + nk, target);
-    u32 words = nu + nk + 2 * rec->py_count;
+    walk_python(rec->data, &rec->py_count, &rec->py_flags, rec->pid, rec->tid,
+                nu + stack_words(rec->kern_len), target);
+    /* the lengths again from the record, not kept across the walk: the verifier would walk it once per range */
+    asm volatile("" ::: "memory");
+    u32 words = stack_words(rec->user_len) + stack_words(rec->kern_len) + 2 * rec->py_count;
     if (words > AIFLAME_SAMPLE_WORDS)
         words = AIFLAME_SAMPLE_WORDS;
     u64 size = offsetof(struct sample_rec, data) + (u64)words * 8;

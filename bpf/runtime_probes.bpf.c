@@ -146,18 +146,22 @@ static __always_inline void count_unsent(struct sample_key *key, u64 n, u64 tid_
     }
 }
 
+static __always_inline u32 call_user_words(struct call_rec *rec) {
+    u32 nu = (u32)rec->user_len / 8;
+    return nu > AIFLAME_MAX_STACK ? AIFLAME_MAX_STACK : nu;
+}
+
 /* After the caller's user stack (when `stack`: the probe has PROBE_STACK): its Python frames, the out-pointer to
  * remember, and the record out. */
 static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec, struct probe_spec *spec,
                                        int stack) {
     u32 words = 0;
     if (stack) {
-        u32 nu = (u32)rec->user_len / 8;
-        if (nu > AIFLAME_MAX_STACK)
-            nu = AIFLAME_MAX_STACK;
         u32 target = target_flags(rec->pid);
-        walk_python(rec->data, &rec->py_count, &rec->py_flags, rec->pid, rec->tid, nu, target);
-        words = nu + 2 * rec->py_count;
+        walk_python(rec->data, &rec->py_count, &rec->py_flags, rec->pid, rec->tid, call_user_words(rec), target);
+        /* the length again from the record, not kept across the walk (as in finish_sample) */
+        asm volatile("" ::: "memory");
+        words = call_user_words(rec) + 2 * rec->py_count;
     }
     if (spec->flags & PROBE_OUT) {
         u64 key = ((u64)rec->tid << 32) | rec->probe;
