@@ -105,8 +105,8 @@ class Calibration:
 MAX_FILE = 1 << 20  # a network file is a few lines
 
 
-def load_calibration(path: Path) -> Calibration:
-    """The calibration in the network file at `path`; CalibrationError (one line) when there is none."""
+def read_network_file(path: Path) -> str:
+    """The text of the network file at `path` (at most MAX_FILE bytes); CalibrationError (one line) otherwise."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_FILE + 1)
@@ -114,7 +114,12 @@ def load_calibration(path: Path) -> Calibration:
         raise CalibrationError(f"{path}: {e.strerror or e}") from None
     if len(raw) > MAX_FILE:
         raise CalibrationError(f"{path}: over {MAX_FILE} bytes: not a network file")
-    cal = read_calibration(raw.decode("utf-8", "replace"), str(path))
+    return raw.decode("utf-8", "replace")
+
+
+def load_calibration(path: Path) -> Calibration:
+    """The calibration in the network file at `path`; CalibrationError (one line) when there is none."""
+    cal = read_calibration(read_network_file(path), str(path))
     if cal is None:
         raise CalibrationError(f"{path}: no aiflame-calibration line: not a calibrated network (make one with "
                                "`aiflame chakra calibrate CAPTURE`; a network fitted to one job predicts no other)")
@@ -149,9 +154,11 @@ def calibrate(traces: ChakraTraces, source: str, transport: str = "", splits: in
     by_kind: dict[str, dict[float, list[TimedCall]]] = defaultdict(lambda: defaultdict(list))
     for call in calls:
         by_kind[ALIASES.get(call.call, call.call)][call.nbytes].append(call)
+    medians = {kind: {b: statistics.median(x.duration_ns for x in cs) for b, cs in sizes.items()}
+               for kind, sizes in by_kind.items()}  # the typical time of each kind at each size
     lines: dict[str, tuple[float, float, float, int, int]] = {}  # kind -> (a, c, L, calls, sizes)
     for kind, sizes in by_kind.items():
-        pts = [(b, statistics.median(x.duration_ns for x in cs)) for b, cs in sizes.items()]
+        pts = list(medians[kind].items())
         steps = next(iter(sizes.values()))[0].steps
         n = sum(len(cs) for cs in sizes.values())
         if len(pts) >= MIN_SIZES:
@@ -162,8 +169,8 @@ def calibrate(traces: ChakraTraces, source: str, transport: str = "", splits: in
     # The calls' tail (a rank or the transport's thread not scheduled at once, a preempted copy) comes at random,
     # the same for every kind: what calls took beyond the typical one of their kind and size, on average, is
     # added to every kind's per-call cost, so the calibration keeps the sweep's total time.
-    excess = [max(x.duration_ns - statistics.median(y.duration_ns for y in cs), 0)
-              for sizes in by_kind.values() for b, cs in sizes.items() if b <= SMALL for x in cs]
+    excess = [max(x.duration_ns - medians[kind][b], 0)
+              for kind, sizes in by_kind.items() for b, cs in sizes.items() if b <= SMALL for x in cs]
     tail = statistics.fmean(excess) if excess else 0.0
     swept = {k: v for k, v in lines.items() if v[0] >= 0 and v[1] > 0}
     if not swept:
@@ -175,7 +182,7 @@ def calibrate(traces: ChakraTraces, source: str, transport: str = "", splits: in
     notes = []
     for kind, (a, c, steps, n, nsizes) in sorted(lines.items()):
         if a < 0:  # too few sizes: its own per-call cost at the link's rate
-            mids = [statistics.median(x.duration_ns for x in cs) - b * per_byte for b, cs in by_kind[kind].items()]
+            mids = [m - b * per_byte for b, m in medians[kind].items()]
             # (the tail is added below, as to every kind)
             a, c = max(statistics.median(mids), steps * latency), per_byte
             notes.append(f"{kind}: {nsizes} size(s) only, per-call cost at the link's rate")
@@ -227,4 +234,4 @@ def read_calibration(text: str, name: str = "network file") -> Calibration | Non
 
 
 __all__ = ["MARK", "Calibration", "CalibrationError", "HostCost", "calibrate", "calibration_yaml", "capture_id",
-           "load_calibration", "read_calibration"]
+           "load_calibration", "read_calibration", "read_network_file"]

@@ -121,7 +121,7 @@ def _ms(ns: int | None) -> str:
 
 def report_sim(prof: Profile, sim_log: Path, console: Console, network: Path | None = None) -> list[Row]:
     """Print the simulated and measured figures per rank; returns the rows."""
-    from aiflame.exporters.chakra_calibration import MAX_FILE
+    from aiflame.exporters.chakra_calibration import read_network_file
     from aiflame.exporters.rank_timeline import build_timeline
     from aiflame.exporters.sim_report import Provenance, compare, idle_notes, provenance, read_sim_log
     from aiflame.exporters.sim_report import problems as sim_problems
@@ -131,12 +131,7 @@ def report_sim(prof: Profile, sim_log: Path, console: Console, network: Path | N
     origin = Provenance(None, "which network was simulated is not known: --network FILE says whether it was "
                         "fitted on this capture (a reproduction) or on another (a prediction)")
     if network is not None:
-        try:
-            with open(network, "rb") as f:
-                text = f.read(MAX_FILE).decode("utf-8", "replace")
-        except OSError as e:
-            raise ReportError(f"{network}: {e.strerror or e}") from None
-        origin = provenance(prof, text, str(network))
+        origin = provenance(prof, read_network_file(network), str(network))
     rows = compare(timeline, sim, origin.host_ns)
     t = Table(title="ASTRA-sim vs capture, ms", title_justify="left")
     for col in ("rank", "time", "sim", "err", "exposed", "sim", "err", "compute", "idle"):
