@@ -10,7 +10,7 @@
 3. capture: `aiflame profile` of the dispatcher loop with an empty cache, then warm: the agent's peak RSS
    (VmHWM, polled), the time from the command's exit (its last sample) to the capture closed and to the files
    written.
-4. cost: in-kernel time per sample (kernel.bpf_stats_enabled: run_time_ns of on_sample + uw_step +
+4. cost: in-kernel time per sample (kernel.bpf_stats_enabled: run_time_ns of on_sample + uw_sample_step +
    sample_finish over the window, per sample delivered), CFI and frame pointers only (SamplerConfig(cfi=False))
    attached to the same target at the same time, so host noise hits both alike; on the -O1 C program and on the
    dispatcher loop.
@@ -43,7 +43,7 @@ from tests.unwind_oracle import (  # noqa: E402
     share,
 )
 
-COST_PROGS = ("on_sample", "uw_step", "sample_finish")
+COST_PROGS = ("on_sample", "uw_sample_step", "sample_finish")
 COST_HZ = 499
 # The frame-pointer session samples at a slightly different rate: at one rate the two sessions' timers keep one
 # phase for a whole run, so one session's program always runs just after the other's (finding the stack, the
@@ -216,7 +216,7 @@ def cost_helper(mode: str, pid: int, seconds: float, out: str) -> None:
     (t0, s0, p0), (t1, s1, p1) = marks[0], marks[-1]
     per_prog = {n: {"ns": p1[n][0] - p0[n][0], "runs": p1[n][1] - p0[n][1]} for n in p1}
     samples = s1 - s0
-    # tail calls run inside the program that made them: on_sample's time covers uw_step and sample_finish
+    # tail calls run inside the program that made them: on_sample's time covers uw_sample_step and sample_finish
     total_ns = sum(v["ns"] for v in per_prog.values())
     from aiflame.core.capture import read_capture
 

@@ -1,5 +1,5 @@
-/* Off-CPU time (`profile --off-cpu`): agent/kernel/sampler.py appends this file to cpu_sampler.bpf.c only when
- * asked, so the sampler's own start-up and cost are unchanged without it.
+/* Off-CPU time (`profile --off-cpu`): agent/kernel/sampler.py puts this file into the sampler's program text only
+ * when asked, so the sampler's own start-up and cost are unchanged without it.
  *
  * At sched_switch the task switching out is current (prev). A target thread that goes to sleep (prev_state S, D
  * or I: it waits for something) has its stack taken as a CPU sample's is: the CFI walk from its user registers
@@ -12,6 +12,11 @@
  * Only tracepoint arguments (as the running kernel's format files describe them) and helpers are read: no kernel
  * struct, so the program runs on kernels whose headers BCC does not have.
  */
+#include <uapi/linux/ptrace.h>
+#include "common.h"
+#include "python.h"
+#include "walk.h"
+#include "sample.h"
 
 /* prev_state values meaning the thread blocked: S (interruptible sleep), D (uninterruptible), I (idle wait). Not
  * R (0, or 0x100 "R+" when preempted: it still wants the CPU), T/t (stopped or traced: the probes' own stops of
@@ -29,10 +34,29 @@ struct offcpu_since {
 BPF_TABLE("lru_hash", u32, struct offcpu_since, offcpu_blocked, 16384);
 BPF_PERCPU_ARRAY(offcpu_scratch, struct sample_rec, 1);
 BPF_PERCPU_ARRAY(uw_off_scratch, struct uw_state, 1);
-/* The off-CPU walk as tail calls of tracepoint programs (a prog array holds programs of one type only): as
- * uw_progs, index UW_PROG_STEP steps, UW_PROG_FINISH finishes the record, UW_PROG_SCAN scans. */
+/* The off-CPU walk (walk.h) as tail calls of tracepoint programs (a prog array holds programs of one type only):
+ * uw_offcpu_step, uw_offcpu_scan, then offcpu_finish. */
 BPF_PROG_ARRAY(uw_off_progs, 3);
 BPF_ARRAY(layout_offcpu_end, struct offcpu_end_rec, 1);
+
+static __always_inline struct sample_rec *offcpu_rec(void) {
+    u32 zero = 0;
+    return offcpu_scratch.lookup(&zero);
+}
+
+static __always_inline struct uw_state *offcpu_walk(void) {
+    u32 zero = 0;
+    return uw_off_scratch.lookup(&zero);
+}
+
+static __always_inline void offcpu_tail(void *ctx, u32 prog) {
+    uw_off_progs.call(ctx, prog);
+}
+
+static __always_inline void offcpu_walked(struct sample_rec *rec, struct uw_state *st) {
+    rec->user_len = st->n * 8;
+    rec->unwind = st->why;
+}
 
 TRACEPOINT_PROBE(sched, sched_wakeup) {
     u32 tid = args->pid;
@@ -104,41 +128,8 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     return 0;
 }
 
-/* The walk is over: the record takes its frames and how the walk ended, and offcpu_finish completes it. */
-static __always_inline void uw_off_done(void *ctx, struct sample_rec *rec, struct uw_state *st) {
-    rec->user_len = st->n * 8;
-    rec->unwind = st->why;
-    uw_off_progs.call(ctx, UW_PROG_FINISH);
-    count(CNT_UW_TAILCALL_FAIL);  /* reached only when the tail call did not happen */
-}
-
-/* Tail-called: walk AIFLAME_UW_FRAMES more frames, then again, on to a scan, or on to offcpu_finish. */
-int uw_off_step(void *ctx) {
-    u32 zero = 0;
-    struct sample_rec *rec = offcpu_scratch.lookup(&zero);
-    struct uw_state *st = uw_off_scratch.lookup(&zero);
-    if (!rec || !st)
-        return 0;
-    if (uw_walk_more(rec->data, rec->pid, st))
-        uw_off_progs.call(ctx, UW_PROG_STEP);
-    if (st->scan_now)
-        uw_off_progs.call(ctx, UW_PROG_SCAN);
-    uw_off_done(ctx, rec, st);
-    return 0;
-}
-
-/* Tail-called past code without CFI, as uw_scan is for samples. */
-int uw_off_scan(void *ctx) {
-    u32 zero = 0;
-    struct sample_rec *rec = offcpu_scratch.lookup(&zero);
-    struct uw_state *st = uw_off_scratch.lookup(&zero);
-    if (!rec || !st)
-        return 0;
-    if (uw_scan_ra(rec, st))
-        uw_off_progs.call(ctx, UW_PROG_STEP);
-    uw_off_done(ctx, rec, st);
-    return 0;
-}
+UW_STEP_PROGRAM(offcpu, void, struct sample_rec)
+UW_SCAN_PROGRAM(offcpu, void, struct sample_rec)
 
 int offcpu_finish(void *ctx) {
     u32 zero = 0;

@@ -1,5 +1,6 @@
-/* Runtime probes: uprobes on accelerator runtime calls (CUDA, NCCL, gloo, Level Zero...). agent/sampler.py
- * appends this file to cpu_sampler.bpf.c, so calls share its target map, Python walker and ring buffer.
+/* Runtime probes: uprobes on accelerator runtime calls (CUDA, NCCL, gloo, Level Zero...), in the same program
+ * text as the CPU sampler when asked for (agent/kernel/sampler.py), so calls share its target map, the walk, the
+ * Python walker and the ring buffer (through the headers).
  *
  * Every probe runs the same code with its own spec (probe_specs[id], filled by the agent): raw argument
  * registers, up to four pointer reads, an optional string, the caller's stack. Return probes add the time and
@@ -9,6 +10,10 @@
  * Libraries a target opens after the start are probed before their first call: the openat of a path that
  * looks like a shared object stops the process (SIGSTOP), the agent attaches and continues it (SIGCONT).
  */
+#include <uapi/linux/ptrace.h>
+#include "common.h"
+#include "python.h"
+#include "walk.h"
 
 BPF_ARRAY(probe_specs, struct probe_spec, AIFLAME_MAX_PROBES);
 BPF_PERCPU_ARRAY(call_scratch, struct call_rec, 1);
@@ -48,9 +53,28 @@ BPF_ARRAY(layout_call, struct call_rec, 1);
 BPF_ARRAY(layout_ret, struct ret_rec, 1);
 BPF_ARRAY(layout_open, struct open_rec, 1);
 BPF_ARRAY(layout_spec, struct probe_spec, 1);
-/* The caller's stack by CFI, as the sampler walks it (cpu_sampler.bpf.c), in kprobe-type tail calls of its own */
+/* The caller's stack by CFI, as the sampler walks it (walk.h), in kprobe-type tail calls of its own: the walk's
+ * state per CPU, its prog array (UW_PROG_STEP, UW_PROG_FINISH) and its program uw_call_step. */
 BPF_PERCPU_ARRAY(uw_call_scratch, struct uw_state, 1);
 BPF_PROG_ARRAY(uw_call_progs, 2);
+
+static __always_inline struct call_rec *call_rec(void) {
+    u32 zero = 0;
+    return call_scratch.lookup(&zero);
+}
+
+static __always_inline struct uw_state *call_walk(void) {
+    u32 zero = 0;
+    return uw_call_scratch.lookup(&zero);
+}
+
+static __always_inline void call_tail(void *ctx, u32 prog) {
+    uw_call_progs.call(ctx, prog);
+}
+
+static __always_inline void call_walked(struct call_rec *rec, struct uw_state *st) {
+    rec->user_len = st->n * 8;
+}
 
 /* Stop the current process (SIGSTOP, delivered on its way back to user space) so the agent can act before it
  * goes on, recording the stop first: a stop the watchdog could not know of is never made. Then send `rec` to the
@@ -306,20 +330,8 @@ int on_call(struct pt_regs *ctx) {
     return finish_call(ctx, rec, spec, 0);
 }
 
-/* Tail-called from on_call: AIFLAME_UW_FRAMES more frames of the caller's stack, then again or call_finish. */
-int uw_call_step(struct pt_regs *ctx) {
-    u32 zero = 0;
-    struct call_rec *rec = call_scratch.lookup(&zero);
-    struct uw_state *st = uw_call_scratch.lookup(&zero);
-    if (!rec || !st)
-        return 0;
-    if (uw_walk_more(rec->data, rec->pid, st))
-        uw_call_progs.call(ctx, UW_PROG_STEP);
-    rec->user_len = st->n * 8;
-    uw_call_progs.call(ctx, UW_PROG_FINISH);
-    count(CNT_UW_TAILCALL_FAIL);
-    return 0;
-}
+/* Launch stacks are walked by uw_call_step (walk.h; no scan: CFI and frame pointers only), then call_finish. */
+UW_STEP_PROGRAM(call, struct pt_regs, struct call_rec)
 
 int call_finish(struct pt_regs *ctx) {
     u32 zero = 0;

@@ -1,13 +1,14 @@
-"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c (in the compiler process, once per host and options: later
-starts load it from agent/kernel/bpf_cache.py's compile cache), attaches it to perf events on
-every CPU, and drains its ring buffer on the caller's timer (records are submitted without wakeups). The records
-are decoded by agent/kernel/decode.py, whose types are re-exported here.
+"""The CPU sampler: compiles bpf/cpu_sampler.bpf.c, with bpf/runtime_probes.bpf.c and bpf/offcpu.bpf.c when
+asked (in the compiler process, once per host and options: later starts load it from agent/kernel/bpf_cache.py's
+compile cache), attaches it to perf events on every CPU, and drains its ring buffer on the caller's timer (records
+are submitted without wakeups). The records are decoded by agent/kernel/decode.py, whose types are re-exported here.
 Over 400 lines on purpose: CpuSampler owns the one BPF object; most of its methods are thin doors to its maps."""
 
 from __future__ import annotations
 
 import errno
 import logging
+import re
 import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -119,14 +120,30 @@ class SamplerConfig:
         return flags
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.M)
+
+
+def program_file(path: Path, seen: set[str] | None = None) -> str:
+    """One .bpf.c file (each stands alone, including the headers it uses) with its bpf/ headers inlined, each once
+    in a program text: BCC rewrites map calls and tracepoint arguments only in its main source, so what the
+    headers declare must be in it, and the programs put together share the maps they declare."""
+    seen = set() if seen is None else seen
+
+    def inline(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return program_file(BPF_DIR / name, seen)
+
+    return _LOCAL_INCLUDE.sub(inline, path.read_text())
+
+
 def program_text(config: SamplerConfig) -> str:
     """The source handed to BCC: the sampler, plus the runtime probes and the off-CPU recorder when asked for."""
-    text = SOURCE.read_text()
-    if config.probes:
-        text += "\n" + PROBES_SOURCE.read_text()
-    if config.off_cpu:
-        text += "\n" + OFFCPU_SOURCE.read_text()
-    return text
+    seen: set[str] = set()
+    sources = [SOURCE, *([PROBES_SOURCE] if config.probes else []), *([OFFCPU_SOURCE] if config.off_cpu else [])]
+    return "\n".join(program_file(path, seen) for path in sources)
 
 
 def bpf_source(config: SamplerConfig) -> str:
@@ -134,10 +151,7 @@ def bpf_source(config: SamplerConfig) -> str:
     defines = "".join(
         "#define " + f[2:].replace("=", " ", 1) + "\n" for f in config.cflags() if f.startswith("-D")
     )
-    text = program_text(config)
-    for name in ("aiflame.h", "unwind.h"):
-        text = text.replace(f'#include "{name}"', (BPF_DIR / name).read_text())
-    return defines + text
+    return defines + program_text(config)
 
 
 DETACH_THREADS = 32
@@ -158,8 +172,9 @@ UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "u
 # The tail-call programs of the CFI walk, by prog array (one per program type: samples, probed calls, off-CPU
 # stacks): index 0 steps (UW_PROG_STEP), 1 finishes the record, 2 scans the stack past code without CFI (not for
 # launch stacks: UW_PROG_SCAN).
-UW_PROGS = {"uw_progs": ("uw_step", "sample_finish", "uw_scan"), "uw_call_progs": ("uw_call_step", "call_finish"),
-            "uw_off_progs": ("uw_off_step", "offcpu_finish", "uw_off_scan")}
+UW_PROGS = {"uw_progs": ("uw_sample_step", "sample_finish", "uw_sample_scan"),
+            "uw_call_progs": ("uw_call_step", "call_finish"),
+            "uw_off_progs": ("uw_offcpu_step", "offcpu_finish", "uw_offcpu_scan")}
 MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", "call_skipped",
         *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values(), *OFFCPU_LAYOUT_MAPS.values()]

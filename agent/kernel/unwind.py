@@ -151,7 +151,7 @@ class UnwindTables:
         self.capacity = self._rows_map.max_entries
         self._pool: mmap.mmap | bytearray = pool if pool is not None else mmap.mmap(
             self._rows_map.fd, self.capacity * 8, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        # unwind_index: u64 values holding two u32 entries each (bpf/cpu_sampler.bpf.c), a plain u32 array here
+        # unwind_index: u64 values holding two u32 entries each (bpf/walk.h), a plain u32 array here
         self._index: mmap.mmap | bytearray = index_pool if index_pool is not None else mmap.mmap(
             obj.maps["unwind_index"].fd, obj.maps["unwind_index"].max_entries * 8, mmap.MAP_SHARED,
             mmap.PROT_READ | mmap.PROT_WRITE)

@@ -1,6 +1,6 @@
 """A CPU sample inside a call with a return probe keeps its callers: while such a call runs the kernel has put its
 uretprobe trampoline where the return address was, and the CFI walk takes the original back from what the entry
-probe kept (bpf/cpu_sampler.bpf.c, uret_ras). Before that, every such sample ended at `[uprobes]`."""
+probe kept (bpf/walk.h, uret_ras). Before that, every such sample ended at `[uprobes]`."""
 
 from __future__ import annotations
 
