@@ -3,7 +3,6 @@ instruction, plus hostile inputs."""
 
 from __future__ import annotations
 
-import re
 import struct
 import subprocess
 from pathlib import Path
@@ -14,7 +13,8 @@ from hypothesis import strategies as st
 
 from aiflame.symbolize.accel.cubin import Cubin, CubinError, parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
-from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs, nvidia_bin
+from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs
+from tests.nvdisasm_read import nvdisasm_lines
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KERNELS = {"_Z5scalePffi", "_Z3addPKfS0_Pfi", "_ZN4demo4fillIiEEvPT_S1_i"}
@@ -47,28 +47,6 @@ def code_cubins(cubins: dict[str, list[bytes]], tmp_path_factory: pytest.TempPat
                 path = d / f"{build}.sm_{c.arch}.{c.digest}.cubin"
                 path.write_bytes(blob)
                 out[path.name] = path
-    return out
-
-
-def nvdisasm_lines(path: Path) -> dict[str, dict[int, tuple[str, int] | None]]:
-    """Per kernel and instruction offset, the source line `nvdisasm -g` shows.
-
-    nvdisasm prints `//## File "...", line N` only when the line changes, and keeps that state from one
-    function to the next: an instruction's line is the last annotation printed before it, anywhere above."""
-    tool = nvidia_bin("nvdisasm")
-    if tool is None:
-        pytest.fail("nvdisasm not found: install the accel-test extra (`make setup`)")
-    text = subprocess.run([str(tool), "-c", "-g", str(path)], check=True, capture_output=True, text=True).stdout
-    out: dict[str, dict[int, tuple[str, int] | None]] = {}
-    kernel: dict[int, tuple[str, int] | None] | None = None
-    current: tuple[str, int] | None = None
-    for line in text.splitlines():
-        if m := re.match(r"\s*\.section\s+\.text\.([^,\s]+)", line):
-            kernel = out.setdefault(m.group(1), {})
-        elif m := re.match(r'\s*//## File "(.*)", line (\d+)', line):
-            current = (m.group(1), int(m.group(2)))
-        elif (m := re.match(r"\s*/\*([0-9a-f]{4,})\*/", line)) and kernel is not None:
-            kernel[int(m.group(1), 16)] = current
     return out
 
 

@@ -21,6 +21,7 @@ from aiflame.symbolize.objfmt.elf import ElfFile, read_build_id
 from tests.unit.elf_builders import (
     Built,
     addr2line,
+    cxxfilt,
     decoded_lines,
     get_built,
     load_segments,
@@ -327,11 +328,12 @@ def test_demangle_itanium_names() -> None:
         "_ZNK4demo6Engine3runEi",
     ]
     d = demangle(names)
+    assert d == cxxfilt(names)
     assert d["_ZNK4demo6Engine3runEi"] == "demo::Engine::run(int) const"
     tmpl = d["_ZN4demo6detail10scaled_sumIiEET_RKSt6vectorIS2_SaIS2_EES2_"]
     assert tmpl.startswith("int demo::detail::scaled_sum<int>(")
     assert d["main"] == "main" and d["_Z"] == "_Z" and d["i"] == "i"  # failures and plain names stay
-    assert demangle(["_Znwm@plt"])["_Znwm@plt"] == "operator new(unsigned long)@plt"
+    assert demangle(["_Znwm@plt"])["_Znwm@plt"] == cxxfilt(["_Znwm"])["_Znwm"] + "@plt"
     assert is_mangled("_ZN1a1bEv") and not is_mangled("printf")
 
 

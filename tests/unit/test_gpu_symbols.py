@@ -20,9 +20,10 @@ from aiflame.symbolize.accel.gpu_symbols import (
     parse_arch,
     resolve_kernel,
 )
-from aiflame.symbolize.accel.sass import disassemble, find_nvdisasm, parse_nvdisasm
+from aiflame.symbolize.accel.sass import disassemble, find_nvdisasm
 from aiflame.symbolize.objfmt.demangle import short_name
 from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs, nvidia_bin
+from tests.nvdisasm_read import nvdisasm_lines, nvdisasm_sass, squeeze
 
 SHORT = {"scale", "add", "demo::fill<int>"}
 
@@ -67,13 +68,13 @@ def test_lookup_every_instruction_of_scale(progs: KernelPrograms) -> None:
         if c is None or "_Z5scalePffi" not in c.kernels:
             continue
         k = c.kernels["_Z5scalePffi"]
-        table = disassemble(c.data, c.digest)
-        assert table is not None and len(table["_Z5scalePffi"]) == k.size // 16
+        lines, sass = nvdisasm_lines(e.data)["_Z5scalePffi"], nvdisasm_sass(e.data)
+        assert sorted(lines) == list(range(0, k.size, 16))  # nvdisasm's instructions fill the kernel
         for off in range(0, k.size, 16):
             (got,) = lookup_instruction(progs.plain, "_Z5scalePffi", off, arch=c.arch)
-            want = c.lines().lookup("_Z5scalePffi", off)
+            want = lines[off]
             assert (got.file, got.line) == (want if want else (None, None))
-            assert got.sass == table["_Z5scalePffi"][off] and got.sass
+            assert got.sass and squeeze(got.sass) == sass[("_Z5scalePffi", off)]
             assert got.kernel_size == k.size and got.cubin_digest == c.digest
 
 
@@ -140,16 +141,14 @@ def test_no_device_code() -> None:
 
 
 def test_sass_matches_nvdisasm_and_is_cached(progs: KernelPrograms, tmp_path: Path) -> None:
+    # Oracle: nvdisasm -json, read by tests/nvdisasm_read.py (never aiflame's parse_nvdisasm of its text)
     assert find_nvdisasm() is not None  # the wheel next to this interpreter, or PATH
     _kind, data = read_fatbin_file(progs.plain)
     e = next(e for e in iter_entries(data) if e.kind == "elf" and len(e.data) > 4096)
-    tool = nvidia_bin("nvdisasm")
-    assert tool is not None
-    (tmp_path / "c.cubin").write_bytes(e.data)
-    raw = subprocess.run([str(tool), "-c", str(tmp_path / "c.cubin")], check=True, capture_output=True, text=True)
-    want = parse_nvdisasm(raw.stdout)
-    got = disassemble(e.data, e.digest, cache_dir=str(tmp_path / "cache"))
-    assert got == want and set(want) == {"_Z5scalePffi", "_Z3addPKfS0_Pfi", "_ZN4demo4fillIiEEvPT_S1_i"}
+    want = disassemble(e.data, e.digest, cache_dir=str(tmp_path / "cache"))
+    assert want is not None and set(want) == {"_Z5scalePffi", "_Z3addPKfS0_Pfi", "_ZN4demo4fillIiEEvPT_S1_i"}
+    sass = nvdisasm_sass(e.data)
+    assert {(fn, off): squeeze(text) for fn, rows in want.items() for off, text in rows.items()} == sass
     assert all(text and not text.endswith(";") for rows in want.values() for text in rows.values())
     assert any(text.startswith("@P0 ") for rows in want.values() for text in rows.values())
     # A second call is served from the cache: the tool named here does not exist.

@@ -21,6 +21,7 @@ from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.unit.elf_builders import (
     Built,
+    addr2line,
     get_built,
     line_of,
     marker_line,
@@ -58,10 +59,12 @@ def test_pie_with_debug_info(built: Built, sym: NativeSymbolizer) -> None:
     offs = {f: offset_of(built.prog, f, 4) for f in ("add_numbers", "loop_sum", "main", "static_helper")}
     frames = sym.symbolize(str(built.prog), built.build_ids["prog"], offs.values())
     assert set(frames) == set(offs.values())
+    funcs = readelf_functions(built.prog)
+    lines = dict(zip(offs, addr2line(built.prog, [funcs[func][0] + 4 for func in offs]), strict=True))
     for func, off in offs.items():
         f = frames[off]
         assert (f.name, f.kind, f.module, f.file) == (func, NATIVE, "prog", str(built.src))
-        assert f.line > 0
+        assert (f.file, f.line) == lines[func]
     assert frames[offs["add_numbers"]].line == body - 1  # prologue: the line of the opening brace
     # An address on the marked statement itself.
     start = readelf_functions(built.prog)["add_numbers"]
@@ -77,7 +80,9 @@ def test_without_debug_info_names_only(built: Built, sym: NativeSymbolizer) -> N
 def test_non_pie(built: Built, sym: NativeSymbolizer) -> None:
     off = offset_of(built.prog_nopie, "loop_sum", 10)
     f = one(sym, built.prog_nopie, off, built.build_ids["prog_nopie"])
-    assert (f.name, f.file) == ("loop_sum", str(built.src)) and f.line > 0
+    addr = readelf_functions(built.prog_nopie)["loop_sum"][0] + 10
+    assert (f.name, f.file) == ("loop_sum", str(built.src))
+    assert (f.file, f.line) == addr2line(built.prog_nopie, [addr])[0]
 
 
 def test_zero_size_symbol(built: Built, sym: NativeSymbolizer) -> None:

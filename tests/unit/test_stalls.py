@@ -13,7 +13,6 @@ from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, Raw
 from aiflame.exporters.folded import folded_lines
 from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
-from aiflame.symbolize.accel.sass import find_nvdisasm
 from aiflame.symbolize.stalls import (
     STALL_UNIT,
     _diffuse,
@@ -23,6 +22,7 @@ from aiflame.symbolize.stalls import (
     stall_profile,
 )
 from tests.cuda_build import KernelPrograms, kernel_programs
+from tests.nvdisasm_read import nvdisasm_lines, nvdisasm_sass, squeeze
 
 SCALE = "_Z5scalePffi"
 ADD = "_Z3addPKfS0_Pfi"
@@ -67,31 +67,6 @@ def _cap(stalls: list[RawStallSample], code: list[GpuCode], counters: dict[str, 
     return Capture(CaptureHeader(1), gpu_code=code, stalls=stalls, footer=CaptureFooter(counters=counters or {}))
 
 
-def _nvdisasm_lines(cubin: bytes) -> dict[tuple[str, int], str]:
-    """(function, offset) -> the instruction as `nvdisasm -json` gives it (predicate, opcode, operands, spaces
-    removed): nvdisasm is the oracle, read without aiflame's parser of its text output. Required (make setup)."""
-    import json
-    import subprocess
-    import tempfile
-
-    tool = find_nvdisasm()
-    assert tool is not None, "make setup installs nvidia-cuda-nvdisasm"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([str(tool), "-json", f.name], capture_output=True, text=True, check=True).stdout
-    lines: dict[tuple[str, int], str] = {}
-    for fn in json.loads(out)[1]:
-        for i, ins in enumerate(fn["sass-instructions"]):
-            text = ins.get("predicate", "") + ins["opcode"] + ins.get("operands", "")
-            lines[(fn["function-name"], i * 16)] = "".join(text.split())
-    return lines
-
-
-def _squeeze(text: str) -> str:
-    return "".join(text.split())
-
-
 def test_reason_labels() -> None:
     assert reason_label(LONG_SB) == "long_scoreboard"
     assert reason_label("sbid") == "sbid" and reason_label("") == "[unknown reason]"
@@ -105,7 +80,7 @@ def test_layout_sources_and_sass_at_real_offsets(cubin90: GpuCode) -> None:
               for i, off in enumerate(offsets)]
     prof = stall_profile(_cap(stalls, [cubin90]), Profile(events=_launches()))
     assert prof.unit == STALL_UNIT and prof.total_weight == sum(s.count for s in stalls)
-    raw = _nvdisasm_lines(c.data)
+    raw, lines = nvdisasm_sass(c.data), nvdisasm_lines(c.data)[SCALE]
     for s in prof.samples:
         st = s.stack
         cpu, gpu = st[:4], st[4:]
@@ -114,11 +89,11 @@ def test_layout_sources_and_sass_at_real_offsets(cubin90: GpuCode) -> None:
                                          FrameKind.ACCEL_INSTR, FrameKind.STALL]
         assert gpu[1].name == "scale"
         off = int(gpu[3].name.split()[0], 16)
-        file, line = c.lines().lookup(SCALE, off) or ("", 0)
+        file, line = lines[off] or ("", 0)  # nvdisasm -g's line of that instruction
         assert gpu[2].file == file and gpu[2].line == line and gpu[2].name.endswith(f"kernels.cu:{line}")
         # nvdisasm itself is the oracle: its own line for that offset holds the frame's instruction text.
         text = gpu[3].name.split(" ", 1)[1]
-        assert _squeeze(text).rstrip(";") == raw[(SCALE, off)], (text, raw[(SCALE, off)])
+        assert squeeze(text) == raw[(SCALE, off)], (text, raw[(SCALE, off)])
         assert gpu[4].name in ("long_scoreboard", "wait")
     # 3:1 launches from two stacks: each leaf keeps its count, stacks get ~3/4 and ~1/4 of the total.
     by_cpu = Counter[tuple[Frame, ...]]()
@@ -238,7 +213,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
                 for k in ("stream_axpy", "fma_chain")]
     prof = stall_profile(_cap(samples, code), Profile(events=launches))
     assert prof.total_weight == sum(b.total_samples for b in s.batches) == 12954
-    raw = _nvdisasm_lines(code[0].data)
+    raw = nvdisasm_sass(code[0].data)
     by_kernel: Counter[str] = Counter()
     for smp in prof.samples:
         names = [f.name for f in smp.stack]
@@ -247,7 +222,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
         assert gpu[1].startswith("two_kernels.cu:") and int(gpu[1].split(":")[1]) > 0
         off, text = gpu[2].split(" ", 1)
         mangled = "_Z11stream_axpyPK6float4PS_fm" if gpu[0] == "stream_axpy" else "_Z9fma_chainPfi"
-        assert _squeeze(text).rstrip(";") == raw[(mangled, int(off, 16))]  # nvdisasm's own reading
+        assert squeeze(text) == raw[(mangled, int(off, 16))]  # nvdisasm's own reading
         assert len(gpu) == 4 or gpu[4] == "not issued"
         by_kernel[gpu[0]] += smp.weight
     assert set(by_kernel) == {"stream_axpy", "fma_chain"}
