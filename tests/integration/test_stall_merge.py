@@ -63,6 +63,7 @@ def _with_stalls(capture: Path, dest: Path) -> tuple[Path, list[RawStallSample],
 
 
 def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    # Oracle: nvdisasm -json (SASS), nvdisasm -g (lines); stall counts by construction
     path, stalls, sass = _with_stalls(run[0], tmp_path / "s.aiflame")
     cap = read_capture(path)
     prof = symbolize_capture(cap, options=StackOptions(group="none"))
@@ -105,6 +106,7 @@ def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path
 
 
 def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    # Oracle: Google's profile.proto (tests/pprof_read.py); stall counts by construction
     path, stalls, _ = _with_stalls(run[0], tmp_path / "s.aiflame")
     cap = read_capture(path)
     prof = symbolize_capture(cap)
@@ -147,6 +149,7 @@ def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_pat
 
 
 def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    # Oracle: by construction — 4 rocprof and 5 Xe records built here
     from tests.unit.test_rocprof_pc import stochastic
     from tests.unit.test_xe_eu_stall import record
 
@@ -172,6 +175,7 @@ def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelProgra
 
 def test_cli_stall_view_diff_and_import(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
     """The wired commands, as a user runs them: export --view stalls, render --diff, import."""
+    # Oracle: flamegraph.pl's reading of the folded files (read_folded); counts by construction
     path, stalls, _ = _with_stalls(run[0], tmp_path / "s.aiflame")
     aiflame("export", str(path), "--format", "folded", "--view", "stalls", "--group", "none",
             "-o", str(tmp_path / "stalls.folded"))
@@ -202,6 +206,7 @@ def test_import_cupti_stream_into_a_real_capture(run: tuple[Path, KernelPrograms
     """A CUPTI stream as the injection library writes it on a GPU host, imported offline: its samples land on
     the real kernels' instructions under their launch stacks, and its cubin, already in the capture, is not
     stored twice. A stream cut short is imported up to its last record and counted."""
+    # Oracle: by construction — a stream written here at the real kernels' offsets
     from aiflame.symbolize.vendor.cupti_stream import RecordType
     from tests.unit.test_cupti_stream import _header, _pcs, _rec, _str
 

@@ -112,6 +112,7 @@ def _hot_loop(binary: Path) -> tuple[int, int]:
 
 
 def test_leaf_samples_counted_per_instruction(hot: HotLoop) -> None:
+    # Oracle: objdump (instructions), readelf (symbols), addr2line (lines); counts placed by construction
     start, end = _hot_loop(hot.prog)
     insns = objdump_instructions(hot.prog, start, end)
     main_addr = readelf_functions(hot.prog)["main"][0]
@@ -141,6 +142,7 @@ def test_leaf_samples_counted_per_instruction(hot: HotLoop) -> None:
 
 
 def test_sorting_ties_and_hot_marks(hot: HotLoop) -> None:
+    # Oracle: by construction — counts placed by hand on objdump's instructions
     start, end = _hot_loop(hot.prog)
     insns = objdump_instructions(hot.prog, start, end)
     c = Cap()
@@ -155,6 +157,7 @@ def test_sorting_ties_and_hot_marks(hot: HotLoop) -> None:
 
 
 def test_function_without_samples_by_exact_name(hot: HotLoop) -> None:
+    # Oracle: by construction — every sample placed outside main (readelf's address)
     start, _end = _hot_loop(hot.prog)
     c = Cap()
     c.sample(hot.prog, start, 3)
@@ -164,6 +167,7 @@ def test_function_without_samples_by_exact_name(hot: HotLoop) -> None:
 
 
 def test_stripped_binary_names_from_dynsym(hot: HotLoop) -> None:
+    # Oracle: readelf --dyn-syms (the name) and objdump (instructions) of the stripped file
     start, end = _hot_loop(hot.stripped)
     assert readelf_functions(hot.stripped, dynamic=True)["hot_loop"][0] == start
     insns = objdump_instructions(hot.stripped, start, end)
@@ -181,6 +185,7 @@ def test_stripped_binary_names_from_dynsym(hot: HotLoop) -> None:
 
 
 def test_no_symbol_at_all_by_address_and_range(hot: HotLoop) -> None:
+    # Oracle: objdump of the bare file and of its unstripped twin; counts placed by construction
     assert "hot_loop" not in readelf_functions(hot.bare, dynamic=True)
     start, end = _hot_loop(hot.nodyn)  # where the build it was stripped from has the function
     bare_insns = objdump_instructions(hot.bare, start, end)
@@ -218,6 +223,7 @@ def test_ambiguous_names_list_candidates_and_dso_chooses(hot: HotLoop) -> None:
 
 
 def test_cpp_names_mangled_demangled_short_and_part(cpp: Path) -> None:
+    # Oracle: readelf (the mangled symbol's address), c++filt (its demangled name)
     mangled = "_ZNK4demo6Engine3runEi"
     addr, _size = readelf_functions(cpp)[mangled]
     c = Cap()
@@ -280,6 +286,7 @@ def _gpu_cap(progs: KernelPrograms) -> tuple[Cap, GpuCode]:
 
 
 def test_gpu_kernel_sass_lines_and_stall_reasons(progs: KernelPrograms) -> None:
+    # Oracle: nvdisasm -g (lines, instruction count), cuobjdump -sass (text); counts by construction
     c, sm90 = _gpu_cap(progs)
     cubin = parse_cubin(sm90.data)
     size = cubin.kernels[SCALE].size
@@ -300,6 +307,7 @@ def test_gpu_kernel_sass_lines_and_stall_reasons(progs: KernelPrograms) -> None:
 
 
 def test_gpu_without_nvdisasm_and_without_code(progs: KernelPrograms, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Oracle: by construction — the stall counts and offsets of _gpu_cap, placed by hand
     monkeypatch.setattr(stalls, "find_nvdisasm", lambda: None)
     monkeypatch.setattr(annotate_gpu, "find_nvdisasm", lambda: None)
     c, _sm90 = _gpu_cap(progs)
@@ -338,6 +346,7 @@ def _write(c: Cap, path: Path) -> Path:
 
 def test_cli_address_order_and_hottest_first(hot: HotLoop, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # Oracle: by construction — 30 and 10 samples on objdump's instructions of hot_loop
     start, end = _hot_loop(hot.prog)
     insns = objdump_instructions(hot.prog, start, end)
     c = Cap()
@@ -361,6 +370,7 @@ def test_cli_address_order_and_hottest_first(hot: HotLoop, tmp_path: Path,
 
 def test_cli_gpu_rows_show_reasons(progs: KernelPrograms, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # Oracle: by construction — the stall counts and reasons of _gpu_cap
     c, _sm90 = _gpu_cap(progs)
     path = _write(c, tmp_path / "g.aiflame")
     assert main(["annotate", str(path), "scale", "-s", "samples"]) == 0

@@ -51,6 +51,7 @@ def code_cubins(cubins: dict[str, list[bytes]], tmp_path_factory: pytest.TempPat
 
 
 def test_every_instruction_matches_nvdisasm(code_cubins: dict[str, Path]) -> None:
+    # Oracle: nvdisasm -g (the line of every instruction), read by nvdisasm_lines (tests/cuda_build.py)
     archs_seen, relocs_seen, checked = set(), set(), 0
     for name, path in code_cubins.items():
         c = parse_cubin(path.read_bytes(), label=name)
@@ -70,6 +71,7 @@ def test_every_instruction_matches_nvdisasm(code_cubins: dict[str, Path]) -> Non
 
 
 def test_line_tables_point_into_the_right_functions(code_cubins: dict[str, Path]) -> None:
+    # Oracle: by construction — kernels.cu's source: each kernel's body and the inlined mix()
     src = KERNELS_CU.read_text().splitlines()
 
     def body(start: str) -> range:
@@ -92,6 +94,7 @@ def test_line_tables_point_into_the_right_functions(code_cubins: dict[str, Path]
 
 
 def test_kernels_match_readelf(code_cubins: dict[str, Path]) -> None:
+    # Oracle: readelf -sW of each cubin (names, sizes, entry flag)
     for path in code_cubins.values():
         c = parse_cubin(path.read_bytes())
         assert set(c.kernels) == KERNELS
@@ -106,6 +109,7 @@ def test_kernels_match_readelf(code_cubins: dict[str, Path]) -> None:
 
 
 def test_arch_and_kernel_less_cubins(cubins: dict[str, list[bytes]], progs: KernelPrograms) -> None:
+    # Oracle: cuobjdump, by way of the fatbin entries test_fatbin checks byte for byte; nvcc's two kernel-less units
     _kind, data = read_fatbin_file(progs.plain)
     for e in iter_entries(data):
         if e.kind == "elf":

@@ -49,6 +49,7 @@ def render(profile: Profile, **options: bool | str) -> str:
     ],
 )
 def test_frame_label_by_kind(frame: Frame, label: str) -> None:
+    # Oracle: flamegraph.pl's kernel suffix (_[k]) and iaprof's GPU ones (_[G], _[g]), written out here
     assert frame_label(frame) == label
 
 
@@ -67,6 +68,7 @@ def test_frame_label_is_separator_safe() -> None:
 
 
 def test_render_merges_sorts_and_drops_empty_counts() -> None:
+    # Oracle: by construction — the folded text written out by hand
     profile = Profile(
         samples=[
             Sample((native("main"), native("b")), 2),
@@ -90,6 +92,7 @@ def test_render_lines_option() -> None:
 
 
 def test_lines_match_flamegraph_pl_regex() -> None:
+    # Oracle: flamegraph.pl's own line pattern, copied here
     # The reference parser's pattern, from flamegraph.pl.
     pattern = re.compile(r"^(.*)\s+?(\d+(?:\.\d*)?)$")
     profile = Profile(
@@ -117,6 +120,7 @@ def test_lines_match_flamegraph_pl_regex() -> None:
     ],
 )
 def test_separator_option(stack: Stack, expected: str) -> None:
+    # Oracle: by construction — each stack's folded line written out by hand
     profile = Profile(samples=[Sample(stack, 1)])
     assert render(profile, separator=True) == f"{expected} 1\n"
 
@@ -128,6 +132,7 @@ def test_with_separator_returns_same_stack_when_nothing_to_do() -> None:
 
 
 def test_parse_folded_recognises_annotations() -> None:
+    # Oracle: by construction — a line in flamegraph.pl's and iaprof's annotations, its frames by hand
     text = "python3;py::main (a.py:3);at::add;malloc;-;gemm.cu_[G];0x10_[g];sys_read_[k] 7\n"
     profile = parse_folded(text)
     assert len(profile.samples) == 1
@@ -153,14 +158,18 @@ def test_parse_folded_tolerates_blank_lines_crlf_bom_and_tabs() -> None:
 
 
 def test_parse_folded_keeps_spaces_inside_names() -> None:
+    # Oracle: flamegraph.pl's reading of the same line (tests/flamegraph_read.py)
     profile = parse_folded("a b;c  5\n")
     assert [f.name for f in profile.samples[0].stack] == ["a b", "c "]
+    assert read_folded_text("a b;c  5\n") == Counter({("a b", "c "): 5})
 
 
 def test_parse_folded_empty_stack_is_root_only_weight() -> None:
+    # Oracle: flamegraph.pl's reading of the same text (tests/flamegraph_read.py)
     profile = parse_folded(" 5\na 1\n")
     assert profile.samples[0].stack == ()
     assert profile.total_weight == 6
+    assert read_folded_text(" 5\na 1\n") == Counter({(): 5, ("a",): 1})
 
 
 @pytest.mark.parametrize(

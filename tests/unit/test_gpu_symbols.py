@@ -41,6 +41,7 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize("variant", ["plain", "compressed", "static", "shared_lib", "debug"])
 def test_inventory(variant: str, progs: KernelPrograms) -> None:
+    # Oracle: readelf -sW of every cubin (kernel names, sizes); nvcc's -gencode flags by construction
     inv = inventory(getattr(progs, variant))
     assert inv.container == "elf" and inv.archs == [80, 90] and inv.skipped == 2 and not inv.notes
     assert inv.ptx_archs == ((90,) if variant in ("plain", "compressed") else ())
@@ -51,6 +52,7 @@ def test_inventory(variant: str, progs: KernelPrograms) -> None:
 
 
 def test_inventory_of_raw_fatbin_and_cubin(progs: KernelPrograms, tmp_path: Path) -> None:
+    # Oracle: cuobjdump, by way of the fatbin entries test_fatbin checks byte for byte
     _kind, data = read_fatbin_file(progs.compressed)
     (tmp_path / "k.fatbin").write_bytes(data)
     inv = inventory(tmp_path / "k.fatbin")
@@ -62,6 +64,7 @@ def test_inventory_of_raw_fatbin_and_cubin(progs: KernelPrograms, tmp_path: Path
 
 
 def test_lookup_every_instruction_of_scale(progs: KernelPrograms) -> None:
+    # Oracle: nvdisasm -g (line of every instruction) and cuobjdump -sass (the instruction count)
     _kind, data = read_fatbin_file(progs.plain)
     for e in iter_entries(data):
         c = parse_cubin(e.data) if e.kind == "elf" else None
@@ -79,6 +82,7 @@ def test_lookup_every_instruction_of_scale(progs: KernelPrograms) -> None:
 
 
 def test_lookup_both_archs_and_line(progs: KernelPrograms) -> None:
+    # Oracle: by construction — kernels.cu's `void scale(` line; the MOV/LDC every kernel opens with
     found = lookup_instruction(progs.compressed, "scale", 0)
     assert [i.arch for i in found] == [80, 90]
     line = next(i for i, t in enumerate(KERNELS_CU.read_text().splitlines(), 1) if "void scale(" in t)
@@ -185,6 +189,7 @@ def _cuobjdump_sass(cubin: Path) -> dict[str, dict[int, str]]:
 def test_sass_matches_cuobjdump(progs: KernelPrograms, tmp_path: Path) -> None:
     """Every instruction of every kernel as cuobjdump prints it. cuobjdump writes branch targets as addresses
     where nvdisasm (which aiflame runs) writes labels: there the opcode and the target's offset must agree."""
+    # Oracle: cuobjdump -sass, read by _cuobjdump_sass (written for this test), never parse_nvdisasm
     _kind, data = read_fatbin_file(progs.plain)
     e = next(e for e in iter_entries(data) if e.kind == "elf" and len(e.data) > 4096)
     (tmp_path / "c.cubin").write_bytes(e.data)
@@ -238,6 +243,7 @@ def cli(*argv: str) -> int:
 
 
 def test_cli_list(progs: KernelPrograms, capsys: pytest.CaptureFixture[str]) -> None:
+    # Oracle: readelf -sW (0x380 bytes of scale on sm_90); nvcc's build flags by construction
     assert cli(str(progs.plain)) == 0
     out = capsys.readouterr().out
     assert "2 cubin(s) with code; PTX for compute_90; 2 without kernels skipped" in out
@@ -248,6 +254,7 @@ def test_cli_list(progs: KernelPrograms, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_cli_lookup(progs: KernelPrograms, capsys: pytest.CaptureFixture[str]) -> None:
+    # Oracle: readelf -sW (fill's 0x180 bytes on sm_90); kernels.cu as the source
     assert cli(str(progs.static), "--kernel", "fill", "--offset", "0x10", "--arch", "90") == 0
     out = capsys.readouterr().out
     assert "sm_90  void demo::fill<int>(int*, int, int) +0x10  (kernel size 0x180)" in out
