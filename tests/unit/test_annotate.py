@@ -1,5 +1,7 @@
 """`aiflame annotate` on hand-built captures over real binaries: counting leaf samples per instruction, ranking and
-sorting, stripped code, name matching and its errors, GPU kernels with stall reasons, and the command's text."""
+sorting, stripped code, name matching and its errors, GPU kernels with stall reasons, and the command's text.
+
+Past 400 lines by one `Oracle:` line per truth check (issue #30), kept in one file with its fixtures."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The CUPTI injection library's stream: its C serializer (fed real CUPTI structs by a driver compiled against
 the wheel's headers) and symbolize/cupti_stream.py must agree on every field; the reader must meet cut,
-malformed and foreign input with a clear message; streams become RawStallSample and GpuCode records."""
+malformed and foreign input with a clear message; streams become RawStallSample and GpuCode records.
+
+Past 400 lines by one `Oracle:` line per truth check (issue #30), kept in one file with its fixtures."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The interactive flame graph SVG: layout, labels, options, escaping and the embedded script."""
+"""The interactive flame graph SVG: layout, labels, options, escaping and the embedded script.
+
+Past 400 lines by one `Oracle:` line per truth check (issue #30), kept in one file with its fixtures."""
 
 from __future__ import annotations
 
