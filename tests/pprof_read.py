@@ -19,6 +19,7 @@ import pytest
 __all__ = ["PROFILE_PROTO", "check_valid", "read_pprof"]
 
 PROFILE_PROTO = Path("/usr/share/gocode/src/github.com/google/pprof/proto/profile.proto")
+_keep: list[tempfile.TemporaryDirectory[str]] = []
 
 
 @functools.cache
@@ -26,7 +27,9 @@ def _schema() -> Any:
     """The module protoc generates from Google's profile.proto (package perftools.profiles)."""
     if not PROFILE_PROTO.is_file():
         pytest.fail(f"{PROFILE_PROTO} missing: `make setup` installs golang-github-google-pprof-dev")
-    out = Path(tempfile.mkdtemp(prefix="aiflame-pprof-proto-"))
+    tmp = tempfile.TemporaryDirectory(prefix="aiflame-pprof-proto-")  # removed when the session ends
+    _keep.append(tmp)
+    out = Path(tmp.name)
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROFILE_PROTO.parent}", f"--python_out={out}",
                     str(PROFILE_PROTO)], check=True, capture_output=True)
     spec = importlib.util.spec_from_file_location("google_pprof_profile_pb2", out / "profile_pb2.py")
