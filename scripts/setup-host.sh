@@ -8,7 +8,9 @@ say() { printf '[setup] %s\n' "$*"; }
 need_root() { [ "$(id -u)" = 0 ] || { echo "aiflame setup: must run as root (BPF needs it)" >&2; exit 1; }; }
 need_root
 
-APT_PKGS=(bpfcc-tools python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc g++ make binutils libze1 libze-dev systemtap-sdt-dev chromium linux-perf)
+# golang-github-google-pprof-dev: Google's own profile.proto, the schema the pprof tests read our files with.
+APT_PKGS=(bpfcc-tools python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc g++ make binutils libze1 libze-dev systemtap-sdt-dev chromium linux-perf
+          golang-github-google-pprof-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

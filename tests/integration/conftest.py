@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
+from tests.flamegraph_read import read_folded_text
 
 
 @pytest.fixture(autouse=True)
@@ -91,11 +92,8 @@ class CpuTrace:
 
 
 def read_folded(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        out[stack] = out.get(stack, 0) + int(count)
-    return out
+    """Stack text -> weight, as flamegraph.pl reads the file (tests/flamegraph_read.py: the oracle, never ours)."""
+    return {";".join(stack): n for stack, n in read_folded_text(path.read_text()).items()}
 
 
 def share(folded: dict[str, int], frame: str) -> int:

@@ -38,6 +38,7 @@ def test_hottest_instruction_is_in_the_loop(run: tuple[HotLoop, Path]) -> None:
 
 
 def test_stripped_copies(run: tuple[HotLoop, Path]) -> None:
+    # Oracle: readelf -s of the unstripped build (hot_loop's range); the same instructions as the full copy
     hot, path = run
     cap = read_capture(path)
     full = annotate(cap, "hot_loop", dso="prog")

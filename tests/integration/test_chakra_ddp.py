@@ -69,6 +69,7 @@ def comm(nodes: list[Any]) -> list[Any]:
 
 
 def test_traces_pass_the_validator_and_hold_the_programs_communication(job: Job) -> None:
+    # Oracle: the program's own record of its collectives (ddp_gloo.py); mlc-chakra's decoder
     out, ranks = job
     files = sorted(out.glob("profile.*.et"))
     assert [f.name for f in files] == ["profile.0.et", "profile.1.et"]
@@ -104,6 +105,7 @@ def test_traces_pass_the_validator_and_hold_the_programs_communication(job: Job)
 
 
 def test_nodes_hold_compute_only_and_point_back(job: Job) -> None:
+    # Oracle: mlc-chakra's decoder; the program's structure (forward and backward between collectives)
     out, _ = job
     traces = load(sorted(out.glob("profile.*.et")))
     for nodes in traces.values():
@@ -123,6 +125,7 @@ def test_nodes_hold_compute_only_and_point_back(job: Job) -> None:
 
 
 def test_network_and_perfetto_timeline(job: Job) -> None:
+    # Oracle: the program's own record (12 steps of collectives, 2 point-to-point messages); Perfetto's schema
     out, _ = job
     net = (out / "profile.network.yml").read_text()
     assert "topology: [ Switch ]" in net and "npus_count: [ 2 ]" in net
@@ -134,6 +137,7 @@ def test_network_and_perfetto_timeline(job: Job) -> None:
 
 
 def test_export_check_obfuscated_and_report(job: Job, tmp_path: Path) -> None:
+    # Oracle: the program's own record (uneven all-to-all, one-way sends); mlc-chakra's decoder
     out, ranks = job
     capture = out / "profile.aiflame"
     key = tmp_path / "key"
@@ -163,6 +167,7 @@ def test_a_network_calibrated_on_a_sweep_exports_the_job(job: Job, tmp_path: Pat
     into a network file that names the sweep's capture; the DDP job exported with it holds a host-cost node before
     each call and keeps the simulator's input rules; `report sim` calls it a prediction (the replay itself is
     ASTRA-sim's, by hand: docs/chakra.md)."""
+    # Oracle: the sweep's own call sizes (5 per kind); mlc-chakra's decoder (ASTRA-sim's run is by hand)
     out, _ = job
     aiflame("profile", "-o", str(tmp_path / "sweep"), "-q", "-F", "99", "--formats", "folded", "--",
             sys.executable, str(REPO / "examples" / "comm_jobs.py"), "sweep", "--reps", "2", "--max-kib", "1024",

@@ -116,6 +116,7 @@ def _samples_by_pid(windows: list[Path]) -> dict[int, int]:
 
 
 def test_windows_follow_targets_that_start_fork_and_exit(daemon: Daemon) -> None:
+    # Oracle: the workload's construction (CPU in parent_work and in its forked child's child_work)
     before = set(daemon.windows())
     work = _workload(daemon, 4.0)
     assert work.wait(timeout=HANG_S) == 0
@@ -169,7 +170,7 @@ def test_trigger_and_status(daemon: Daemon) -> None:
         cap = read_capture(cap_dir / "profile.aiflame")
         assert cap.footer is not None and cap.header.frequency_hz == 199
         n = sum(1 for s in cap.samples if s.pid == work.pid)
-        # The oracle is the scheduler: the workload's own CPU time during the capture (/proc/PID/schedstat) at
+        # Oracle: the scheduler — the workload's own CPU time during the capture (/proc/PID/schedstat) at
         # 199 Hz, whatever share of a CPU the host left it. Sampling is jittered: 70% of it, at the least.
         ran_s = trace.ran_ns(cap.header.start_mono_ns, cap.footer.end_mono_ns) / 1e9
         assert ran_s > 0.1, f"the workload ran {ran_s:.2f} s on a CPU during the capture"

@@ -101,6 +101,7 @@ def _settled(pid: int) -> dict[int, list[tuple[str, str, int]]]:
 
 @pytest.mark.parametrize("target", INTERPRETERS, indirect=True)
 def test_dump_names_every_threads_python_frames_as_py_spy_does(target: subprocess.Popen[str]) -> None:
+    # Oracle: py-spy dump of the same process, in the same run
     spy = _settled(target.pid)
     doc = _ours(target.pid)
     ours = {t["tid"]: t for t in doc["threads"]}
@@ -156,6 +157,7 @@ TRACER = textwrap.dedent('''
 
 @pytest.mark.parametrize("target", [INTERPRETERS[2]], indirect=True)
 def test_dump_of_a_process_another_tracer_holds(target: subprocess.Popen[str]) -> None:
+    # Oracle: py-spy dump of the same process (the target fixture's)
     spy = _settled(target.pid)
     tracer = subprocess.Popen([sys.executable, "-c", TRACER, str(target.pid)], stdout=subprocess.PIPE, text=True)
     try:
@@ -171,6 +173,7 @@ def test_dump_of_a_process_another_tracer_holds(target: subprocess.Popen[str]) -
 
 
 def test_dump_gives_native_stacks_of_a_process_without_python(tmp_path: Path) -> None:
+    # Oracle: by construction — `sleep`, parked in nanosleep
     proc = subprocess.Popen(["sleep", "600"])
     try:
         doc = _ours(proc.pid)
@@ -247,6 +250,7 @@ def test_dump_survives_threads_exiting_while_it_reads(tmp_path: Path) -> None:
 
 
 def test_dump_of_thousands_of_threads(tmp_path: Path) -> None:
+    # Oracle: by construction — 3000 threads started, each waiting on one lock
     proc = _start(tmp_path, HOSTILE_MANY, "3000")
     try:
         doc = _ours(proc.pid)
@@ -273,6 +277,7 @@ TWO_SPINNERS = textwrap.dedent('''
 
 
 def test_dump_names_the_gil_holder_and_the_thread_waiting_for_it(tmp_path: Path) -> None:
+    # Oracle: by construction — spinning threads take the GIL, the main thread sleeps without it
     script = tmp_path / "two.py"
     script.write_text(TWO_SPINNERS)
     proc = subprocess.Popen([INTERPRETERS[2], str(script)], stdout=subprocess.PIPE, text=True)

@@ -30,6 +30,7 @@ def _run(loop: Path, out: Path, *opts: str, seconds: float = 3, rate: int = 2000
 
 
 def test_launches_past_the_budget_are_counted_exactly_per_kernel(loop: Path, tmp_path: Path) -> None:
+    # Oracle: the program's own count of the launches it made, per kernel; its call depth by construction
     made, path = _run(loop, tmp_path, "--launch-stacks", "300")
     cap = read_capture(path)
     assert cap.footer is not None
@@ -60,6 +61,7 @@ def test_launches_past_the_budget_are_counted_exactly_per_kernel(loop: Path, tmp
 
 
 def test_without_a_budget_every_launch_has_its_record(loop: Path, tmp_path: Path) -> None:
+    # Oracle: the program's own count of the launches it made
     made, path = _run(loop, tmp_path, "--launch-stacks", "0", seconds=2, rate=2000)
     cap = read_capture(path)
     assert cap.footer is not None and not cap.footer.counters.get("call_skipped")

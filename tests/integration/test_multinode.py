@@ -57,6 +57,7 @@ def nodes() -> Iterator[list[tuple[str, str, str]]]:
 
 
 def test_two_nodes_join_into_one_four_rank_job(nodes: list[tuple[str, str, str]], tmp_path: Path) -> None:
+    # Oracle: torchrun's 4 ranks and the job's own step count; both namespaces share one real clock
     master = nodes[0][2]
     port = str(29000 + os.getpid() % 1000)
     runs = []

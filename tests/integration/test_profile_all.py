@@ -24,6 +24,7 @@ BUSY = textwrap.dedent('''
 
 
 def test_profile_all_samples_every_process(tmp_path: Path) -> None:
+    # Oracle: by construction — two processes, each burning CPU in a named Python function
     procs = []
     try:
         for name, python in (("alpha", INTERPRETERS[2]), ("beta", "/usr/bin/python3")):

@@ -61,6 +61,7 @@ def test_forked_child_is_followed(examples: Path, tmp_path: Path) -> None:
 
 
 def test_exec_in_child_is_followed(examples: Path, tmp_path: Path) -> None:
+    # Oracle: the workload's construction (CPU in parent_work, then in child_work after exec)
     out = tmp_path / "exec"
     aiflame("profile", "-q", "-F", "499", "-o", str(out), "--", str(examples / "forker"), "2", "exec")
     folded = read_folded(out / "profile.folded")

@@ -85,6 +85,7 @@ def child(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Child]:
 
 
 def test_detect(child: Child) -> None:
+    # Oracle: each interpreter's own report (sys.version_info, the _PyRuntime symbol's address), printed by the child
     t = detect_python(child.proc.pid)
     assert t is not None
     want = tuple(child.info["version"])
@@ -101,6 +102,7 @@ def test_detect(child: Child) -> None:
 
 def test_threads_and_live_frame_lines(child: Child) -> None:
     """Walk the blocked main thread like the BPF side does and map (code, instr) to lines."""
+    # Oracle: the child's own thread ids, code object addresses and source lines, printed by it
     t = detect_python(child.proc.pid)
     assert t is not None
     with ProcessMemory(child.proc.pid) as mem, CodeResolver(child.proc.pid, t.layout) as resolver:
@@ -135,6 +137,7 @@ def test_read_before_libpython_is_mapped_is_asked_again() -> None:
     """A process read between its exec and the loader mapping libpython (pyenv builds keep the runtime there)
     is not recorded as holding no CPython: a later attach finds it. It was, and `profile -- sh -c 'exec
     python3.10 ...'` then lost every Python frame of that process when the agent read it early."""
+    # Oracle: by construction — python3.10 stopped at its exec, before libpython is mapped
     libc = ctypes.CDLL(None, use_errno=True)
     proc = subprocess.Popen([INTERPRETERS[0], "-c", "import time; time.sleep(30)"],
                             preexec_fn=lambda: libc.ptrace(PTRACE_TRACEME, 0, None, None))

@@ -36,6 +36,7 @@ def _attach_capture(python: str, out: Path, seconds: float = 6.0, hz: int = 999)
 
 @pytest.mark.parametrize("python", INTERPRETERS, ids=lambda p: p.split("/")[-3] if "pyenv" in p else "debian")
 def test_python_split_stacks_and_lines(python: str, tmp_path: Path) -> None:
+    # Oracle: the workload's construction (60:40 and 75:25 splits, the HOT LINE marker)
     cap = read_capture(_attach_capture(python, tmp_path))
     assert cap.py_runtimes, "CPython was not detected"
     prof = symbolize_capture(cap, options=StackOptions(group="none", python="python"))
@@ -68,6 +69,7 @@ def test_python_split_stacks_and_lines(python: str, tmp_path: Path) -> None:
 
 
 def test_merged_view_keeps_native_leaf_and_marks_kinds(tmp_path: Path) -> None:
+    # Oracle: the workload's HOT LINE marker; the test's clock (the agent's attach time)
     cap = read_capture(_attach_capture(INTERPRETERS[2], tmp_path, seconds=2, hz=499))
     prof = symbolize_capture(cap, options=StackOptions(group="none", python="merged"))
     kinds = Counter(f.kind for s in prof.samples for f in s.stack)
@@ -82,6 +84,7 @@ def test_merged_view_keeps_native_leaf_and_marks_kinds(tmp_path: Path) -> None:
 
 
 def test_deep_recursion_is_truncated_visibly(tmp_path: Path) -> None:
+    # Oracle: by construction — 300 nested calls, deeper than the walker's frame limit
     script = tmp_path / "deep.py"
     script.write_text(
         "import sys\nsys.setrecursionlimit(5000)\n"
@@ -103,6 +106,7 @@ def test_deep_recursion_is_truncated_visibly(tmp_path: Path) -> None:
 
 
 def test_command_mode_follows_python_children(tmp_path: Path) -> None:
+    # Oracle: by construction — the parent and one spawned child both run child_spin
     script = tmp_path / "mp.py"
     script.write_text(
         "import multiprocessing as mp, time\n"
@@ -118,6 +122,7 @@ def test_command_mode_follows_python_children(tmp_path: Path) -> None:
 
 
 def test_thread_churn_and_exit_mid_capture(tmp_path: Path) -> None:
+    # Oracle: by construction — the target starts threads running short() until it exits
     script = tmp_path / "churn.py"
     stop = tmp_path / "stop"
     # The target churns threads until told to stop, once it has run 2 s on a CPU after the capture file appeared:
@@ -180,6 +185,7 @@ def test_unverified_version_warns_once_and_stays_native(tmp_path: Path) -> None:
 
 
 def test_interpreter_embedded_in_a_c_program(tmp_path: Path) -> None:
+    # Oracle: by construction — the C program's main calls PyRun_SimpleString, which runs hot()
     prefix = "/root/.pyenv/versions/3.12.1"
     src = tmp_path / "embed.c"
     src.write_text(
@@ -236,6 +242,7 @@ if __name__ == "__main__":
 def test_forked_and_spawned_workers_have_python_frames(python: str, tmp_path: Path) -> None:
     """multiprocessing workers (fork: no exec, the parent's interpreter image; spawn and forkserver: a new
     interpreter) are walked like the parent: while a worker runs its target, every sample shows it."""
+    # Oracle: by construction — each worker runs its own spin_<method> target
     script = tmp_path / "workers.py"
     script.write_text(WORKERS)
     aiflame("profile", "-q", "-F", "199", "-o", str(tmp_path / "o"), "--", python, str(script))
@@ -271,7 +278,9 @@ def _names(stack: str) -> tuple[str, ...]:
 
 def test_python_stacks_agree_with_py_spy(tmp_path: Path) -> None:
     """py-spy, sampling the same process at the same time, is the oracle for Python frames: the same stack shapes
-    (function names, root to leaf) and the same splits within a few points."""
+    (function names, root to leaf) and the same splits within a few points.
+
+    Oracle: py-spy record --pid on the same process over the same 8 s."""
     pyspy = Path(sys.executable).parent / "py-spy"
     assert pyspy.exists(), "py-spy is a dev dependency (make setup)"
     python = "/root/.pyenv/versions/3.12.1/bin/python"

@@ -46,11 +46,13 @@ def _check_kernels_program(prof: Profile) -> None:
 
 @pytest.mark.parametrize("variant", ["plain", "compressed", "static"])
 def test_cuda_program_launches_copies_syncs(programs: KernelPrograms, tmp_path: Path, variant: str) -> None:
+    # Oracle: the program's fixed calls (tests/cuda/kernels.cu), with their arguments and stacks
     prof = _profile(tmp_path, str(getattr(programs, variant)))
     _check_kernels_program(prof)
 
 
 def test_launch_view_folded(programs: KernelPrograms, tmp_path: Path) -> None:
+    # Oracle: the program's fixed calls: scale launched 3 times and add once, from run_steps
     aiflame("profile", "-o", str(tmp_path), "-q", "--formats", "folded", "--group", "none", "--",
             str(programs.plain))
     folded = read_folded(tmp_path / "launches.folded")
@@ -64,6 +66,7 @@ def test_launch_view_folded(programs: KernelPrograms, tmp_path: Path) -> None:
 
 
 def test_registration_names_every_kernel(programs: KernelPrograms, tmp_path: Path) -> None:
+    # Oracle: by construction — kernels.cu defines scale, add and demo::fill<int> (Itanium names)
     aiflame("profile", "-o", str(tmp_path), "-q", "--formats", "folded", "--", str(programs.plain))
     cap = read_capture(tmp_path / "profile.aiflame")
     names = {e.strs.get("name") for e in cap.events if e.call == "__cudaRegisterFunction"}
@@ -73,6 +76,7 @@ def test_registration_names_every_kernel(programs: KernelPrograms, tmp_path: Pat
 
 
 def test_library_loaded_from_python_with_ctypes(programs: KernelPrograms, tmp_path: Path) -> None:
+    # Oracle: by construction — Python's run_kernels calls the library through ctypes
     script = tmp_path / "launch.py"
     script.write_text(
         "import ctypes, sys\n"
@@ -90,6 +94,7 @@ def test_library_loaded_from_python_with_ctypes(programs: KernelPrograms, tmp_pa
 
 def test_capture_symbolizes_gpu_offsets_offline(programs: KernelPrograms, tmp_path: Path) -> None:
     """The capture keeps the launched kernels' cubins: an offset resolves from it as from the binary."""
+    # Oracle: nvdisasm -g, by way of the binary's line tables that test_cubin checks
     from aiflame.symbolize.accel.gpu_symbols import inventory, lookup_instruction
 
     aiflame("profile", "-o", str(tmp_path), "-q", "--formats", "folded", "--", str(programs.compressed))

@@ -56,6 +56,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def test_collectives_per_rank_match_the_program(ddp_run: Run) -> None:
+    # Oracle: the program's own record of its collectives (examples/ddp_gloo.py)
     events, ranks = ddp_run
     for pid, rec in ranks.items():
         want = Counter((c["type"], c["bytes"], c["peer"], c["root"]) for c in rec["collectives"])
@@ -65,6 +66,7 @@ def test_collectives_per_rank_match_the_program(ddp_run: Run) -> None:
 
 
 def test_rank_world_size_times_and_layouts(ddp_run: Run) -> None:
+    # Oracle: the program's own record (its rank, world size 2, two messages)
     events, ranks = ddp_run
     for pid, rec in ranks.items():
         mine = [e for e in events if e.pid == pid]

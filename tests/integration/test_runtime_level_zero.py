@@ -60,6 +60,7 @@ def _ze(cap: Capture, call: str = "") -> list[RawEvent]:
 
 
 def test_every_call_seen_once_with_its_return_value(made: list[tuple[str, int]], capture: Capture) -> None:
+    # Oracle: the program's own printout of each call it made and what it returned
     assert made and all(ret == 0x78000001 for _, ret in made)  # no driver: ZE_RESULT_ERROR_UNINITIALIZED
     events = _ze(capture)
     assert Counter((e.call, e.args.get("ret")) for e in events) == Counter(made)
@@ -67,6 +68,7 @@ def test_every_call_seen_once_with_its_return_value(made: list[tuple[str, int]],
 
 
 def test_module_binary_is_kept(capture: Capture) -> None:
+    # Oracle: the program's printout and the zebin bytes it passed (sha256 by hashlib)
     (ev,) = _ze(capture, "zeModuleCreate")
     digest = hashlib.sha256(ZEBIN).hexdigest()
     assert {k: ev.args.get(k) for k in ("context", "device", "format", "size", "module")} == {
@@ -78,6 +80,7 @@ def test_module_binary_is_kept(capture: Capture) -> None:
 
 
 def test_kernels_named_at_launch(capture: Capture) -> None:
+    # Oracle: the program's printout (kernel names and handles, group counts)
     created = {e.args["kernel"]: e.strs["name"] for e in _ze(capture, "zeKernelCreate")}
     assert created == {KERNEL_A: "vector_add", KERNEL_B: "reduce_rows"}
     digest = hashlib.sha256(ZEBIN).hexdigest()
@@ -92,6 +95,7 @@ def test_kernels_named_at_launch(capture: Capture) -> None:
 
 
 def test_copies_submission_and_syncs(capture: Capture) -> None:
+    # Oracle: the program's printout (sizes, queues, fences, timeouts)
     copies = sorted((e.call, e.args["bytes"]) for e in _ze(capture) if e.kind == "copy")
     assert copies == [("zeCommandListAppendMemoryCopy", 4096), ("zeCommandListAppendMemoryCopy", 65536),
                       ("zeCommandListAppendMemoryFill", 1024)]
@@ -106,6 +110,7 @@ def test_copies_submission_and_syncs(capture: Capture) -> None:
 
 
 def test_stacks(capture: Capture) -> None:
+    # Oracle: the program's structure: main -> run_calls -> one helper per kind of call
     prof = symbolize_capture(capture, options=StackOptions(group="none"))
     events = [e for e in prof.events if e.args.get("runtime") == "level_zero"]
     assert len(events) == 11  # 4 launches, 2 copies, 1 fill, 1 submission, 3 syncs (meta events are not here)
@@ -117,6 +122,7 @@ def test_stacks(capture: Capture) -> None:
 
 
 def test_launch_view_names_the_kernels(out_dir: Path) -> None:
+    # Oracle: the program's printout: vector_add launched 3 times, reduce_rows once
     by_kernel = Counter[str]()
     for stack, n in read_folded(out_dir / "launches.folded").items():
         frames = stack.split(";")

@@ -44,6 +44,7 @@ def _usdt(cap: Capture, call: str) -> list[RawEvent]:
 
 
 def test_notes_match_readelf(program: Path) -> None:
+    # Oracle: readelf -n (the stapsdt notes)
     text = subprocess.run(["readelf", "-n", str(program)], capture_output=True, text=True, check=True).stdout
     expected = []
     for block in text.split("Provider: ")[1:]:
@@ -62,6 +63,7 @@ def test_notes_match_readelf(program: Path) -> None:
 
 
 def test_launches_carry_exact_values(run: tuple[list[str], Capture]) -> None:
+    # Oracle: the program's printout of every probe that fired, with its values
     lines, cap = run
     printed = Counter(tuple(line.split()[1:]) for line in lines if line.startswith("launch "))
     assert sum(printed.values()) == 6
@@ -73,6 +75,7 @@ def test_launches_carry_exact_values(run: tuple[list[str], Capture]) -> None:
 
 
 def test_semaphore_guarded_compile_fires(run: tuple[list[str], Capture]) -> None:
+    # Oracle: the program's printout: the compile site runs only when its semaphore is raised
     lines, cap = run
     assert "compile /tmp/aiflame-test/kernels.debug.zebin" in lines  # the probe raised the semaphore
     (ev,) = _usdt(cap, "level_zero:compile_kernel")
@@ -80,6 +83,7 @@ def test_semaphore_guarded_compile_fires(run: tuple[list[str], Capture]) -> None
 
 
 def test_eu_stall_ips_map_to_the_kernels(run: tuple[list[str], Capture]) -> None:
+    # Oracle: the program's printout (each kernel's address and size); IPs built here
     _, cap = run
     kernels = xe_kernels_from_events(cap.events)
     assert {(k.name, k.start, k.size, k.iba) for k in kernels} >= {

@@ -91,6 +91,7 @@ def _nccl(cap: Capture) -> list[RawEvent]:
 
 
 def test_every_call_seen_once_with_its_return_value(made: list[tuple[str, int]], capture: Capture) -> None:
+    # Oracle: the program's own printout of each call it made and what NCCL returned
     assert ("ncclAllReduce", 4) in made and ("ncclCommInitRank", 0) not in made  # no GPU: as expected here
     events = _nccl(capture)
     assert Counter((e.call, e.args.get("ret")) for e in events) == Counter(made)
@@ -98,6 +99,7 @@ def test_every_call_seen_once_with_its_return_value(made: list[tuple[str, int]],
 
 
 def test_collective_arguments(capture: Capture) -> None:
+    # Oracle: the program's own printout of each call's arguments (tests/programs/nccl_calls.c)
     events = [e for e in _nccl(capture) if e.kind == "collective"]
     assert events
     for e in events:
@@ -111,6 +113,7 @@ def test_collective_arguments(capture: Capture) -> None:
 
 
 def test_communicator_requests(capture: Capture) -> None:
+    # Oracle: the program's own printout (ranks, ids, comm names, split colours)
     meta = {e.call: e for e in _nccl(capture) if e.kind == "meta"}
     init = meta["ncclCommInitRank"]
     # rank is the third integer register because the 128-byte unique id went on the stack, where its first
@@ -130,6 +133,7 @@ def test_communicator_requests(capture: Capture) -> None:
 
 
 def test_collective_stacks(capture: Capture) -> None:
+    # Oracle: the program's structure: main -> run_calls -> one helper per collective
     prof = symbolize_capture(capture, options=StackOptions(group="none"))
     colls = [e for e in prof.events if e.kind == EventKind.COLLECTIVE and e.args.get("runtime") == "nccl"]
     assert len(colls) >= 10

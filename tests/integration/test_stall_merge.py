@@ -4,7 +4,6 @@ offsets of its kernels and imported, and the folded, SVG and pprof outputs are r
 
 from __future__ import annotations
 
-import gzip
 import io
 import re
 import struct
@@ -19,13 +18,13 @@ from aiflame.cli.summary import print_summary
 from aiflame.core.capture import read_capture, write_capture
 from aiflame.core.raw import RawStallSample
 from aiflame.exporters import get_exporter
-from aiflame.exporters import pprof_pb2 as ppb
 from aiflame.symbolize import views
 from aiflame.symbolize.accel.cubin import parse_cubin
-from aiflame.symbolize.accel.sass import disassemble
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from tests.cuda_build import KernelPrograms, kernel_programs
 from tests.integration.conftest import aiflame, read_folded
+from tests.nvdisasm_read import nvdisasm_lines, nvdisasm_sass, squeeze
+from tests.pprof_read import read_pprof
 
 SCALE = "_Z5scalePffi"
 ADD = "_Z3addPKfS0_Pfi"
@@ -46,8 +45,9 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("AIFLAME_CACHE", str(tmp_path_factory.getbasetemp() / "stall-int-cache"))
 
 
-def _with_stalls(capture: Path, dest: Path) -> tuple[Path, list[RawStallSample], dict[str, dict[int, str]]]:
-    """A copy of the capture plus CUPTI-like stall samples at every 3rd instruction of scale and add (sm_90)."""
+def _with_stalls(capture: Path, dest: Path) -> tuple[Path, list[RawStallSample], dict[tuple[str, int], str]]:
+    """A copy of the capture plus CUPTI-like stall samples at every 3rd instruction of scale and add (sm_90), and
+    that cubin's SASS as nvdisasm -json gives it (the oracle)."""
     cap = read_capture(capture)
     pid = next(e.pid for e in cap.events if e.kind == "compute")
     code = next(g for g in cap.gpu_code if g.kind == "cubin" and g.arch == 90)
@@ -59,11 +59,11 @@ def _with_stalls(capture: Path, dest: Path) -> tuple[Path, list[RawStallSample],
             stalls.append(RawStallSample("cupti", pid, 0, code.digest, kernel, off, REASONS[i % 3], n))
     cap.stalls = stalls
     write_capture(dest, cap)
-    sass = disassemble(code.data, code.digest) or {}
-    return dest, stalls, sass
+    return dest, stalls, nvdisasm_sass(code.data)
 
 
 def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    # Oracle: nvdisasm -json (SASS), nvdisasm -g (lines); stall counts by construction
     path, stalls, sass = _with_stalls(run[0], tmp_path / "s.aiflame")
     cap = read_capture(path)
     prof = symbolize_capture(cap, options=StackOptions(group="none"))
@@ -73,7 +73,7 @@ def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path
     text = get_exporter("folded").render(view).decode()
     lines = text.splitlines()
     assert lines, text
-    cubin = parse_cubin(next(g for g in cap.gpu_code if g.digest == stalls[0].code).data)
+    src_lines = nvdisasm_lines(next(g for g in cap.gpu_code if g.digest == stalls[0].code).data)
     per_kernel: Counter[str] = Counter()
     for line in lines:
         stack, count = line.rsplit(" ", 1)
@@ -92,8 +92,8 @@ def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path
         m2 = re.fullmatch(r"\+(0x[0-9a-f]{4,}) (.+)_\[g\]", gpu[2])
         assert m2, gpu[2]
         off = int(m2.group(1), 16)
-        assert int(m.group(1)) == (cubin.lines().lookup(mangled, off) or ("", -1))[1]
-        assert m2.group(2) == sass[mangled][off]
+        assert int(m.group(1)) == (src_lines[mangled][off] or ("", -1))[1]  # nvdisasm -g's line
+        assert squeeze(m2.group(2)) == sass[(mangled, off)]  # nvdisasm -json's text
         assert gpu[3] in ("long_scoreboard_[g]", "math_pipe_throttle_[g]", "wait_[g]")
         per_kernel[gpu[0]] += int(count)
     want = Counter[str]()
@@ -106,6 +106,7 @@ def test_ai_flame_graph_folded_layout(run: tuple[Path, KernelPrograms], tmp_path
 
 
 def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    # Oracle: Google's profile.proto (tests/pprof_read.py); stall counts by construction
     path, stalls, _ = _with_stalls(run[0], tmp_path / "s.aiflame")
     cap = read_capture(path)
     prof = symbolize_capture(cap)
@@ -126,9 +127,7 @@ def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_pat
     for kind, test in (("accel_instr", green), ("stall", green), ("accel_source", aqua), ("separator", grey)):
         for r, g, b in re.findall(rf'data-kind="{kind}"[^>]*>.*?fill="rgb\((\d+),(\d+),(\d+)\)"', svg):
             assert test(int(r), int(g), int(b)), (kind, r, g, b)
-    raw = get_exporter("pprof").render(view)
-    p = ppb.Profile()
-    p.ParseFromString(gzip.decompress(raw))
+    p = read_pprof(get_exporter("pprof").render(view))  # Google's profile.proto and pprof's validity rules
     st = list(p.string_table)
     assert st[0] == "" and st[p.sample_type[0].type] == "stall_samples"
     assert sum(s.value[0] for s in p.sample) == sum(s.count for s in stalls)
@@ -150,6 +149,7 @@ def test_outputs_svg_pprof_and_summary(run: tuple[Path, KernelPrograms], tmp_pat
 
 
 def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
+    # Oracle: by construction — 4 rocprof and 5 Xe records built here
     from tests.unit.test_rocprof_pc import stochastic
     from tests.unit.test_xe_eu_stall import record
 
@@ -175,6 +175,7 @@ def test_import_rocprof_and_xe_into_a_real_capture(run: tuple[Path, KernelProgra
 
 def test_cli_stall_view_diff_and_import(run: tuple[Path, KernelPrograms], tmp_path: Path) -> None:
     """The wired commands, as a user runs them: export --view stalls, render --diff, import."""
+    # Oracle: flamegraph.pl's reading of the folded files (read_folded); counts by construction
     path, stalls, _ = _with_stalls(run[0], tmp_path / "s.aiflame")
     aiflame("export", str(path), "--format", "folded", "--view", "stalls", "--group", "none",
             "-o", str(tmp_path / "stalls.folded"))
@@ -205,6 +206,7 @@ def test_import_cupti_stream_into_a_real_capture(run: tuple[Path, KernelPrograms
     """A CUPTI stream as the injection library writes it on a GPU host, imported offline: its samples land on
     the real kernels' instructions under their launch stacks, and its cubin, already in the capture, is not
     stored twice. A stream cut short is imported up to its last record and counted."""
+    # Oracle: by construction — a stream written here at the real kernels' offsets
     from aiflame.symbolize.vendor.cupti_stream import RecordType
     from tests.unit.test_cupti_stream import _header, _pcs, _rec, _str
 

@@ -66,6 +66,7 @@ def _by_label(visible: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_search_zoom_and_reset(tmp_path: Path) -> None:
+    # Oracle: Chromium running the SVG's script; the folded counts by construction (65 of 100 match)
     svg = get_exporter("svg", title="AI flame graph").render(parse_folded(FOLDED))
     res = _drive(svg, [["search", "long_scoreboard"], ["resetSearch"], ["search", "^\\+0x0020"],
                        ["zoomTo", "add_[G]"], ["unzoom"]], tmp_path)
@@ -83,6 +84,7 @@ def test_search_zoom_and_reset(tmp_path: Path) -> None:
 
 
 def test_inverted_view(tmp_path: Path) -> None:
+    # Oracle: Chromium's layout of the inverted SVG
     prof = parse_folded(FOLDED)
     normal = _by_label(_drive(get_exporter("svg").render(prof), [["matched"]], tmp_path)[0]["visible"])
     inverted = _by_label(_drive(get_exporter("svg", inverted=True).render(prof), [["matched"]], tmp_path)[0]["visible"])
@@ -91,6 +93,7 @@ def test_inverted_view(tmp_path: Path) -> None:
 
 
 def test_differential_colours(tmp_path: Path) -> None:
+    # Oracle: Chromium's rendering; the before and after counts by construction
     before = parse_folded(FOLDED)
     after = parse_folded(FOLDED.replace("barrier_[g] 25", "barrier_[g] 125").replace("wait_[g] 10", "wait_[g] 1"))
     exporter = SvgExporter(normalize=False)

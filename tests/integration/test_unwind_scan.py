@@ -16,6 +16,7 @@ PROGRAMS = REPO / "tests" / "programs"
 
 
 def test_a_walk_goes_on_past_a_function_without_cfi(tmp_path: Path) -> None:
+    # Oracle: the program's own structure (main -> outer -> nocfi_spin); readelf --debug-dump=frames
     exe = tmp_path / "unwind_scan"
     subprocess.run(["gcc", "-O1", "-g", "-fomit-frame-pointer", "-o", str(exe), str(PROGRAMS / "unwind_scan.c"),
                     str(PROGRAMS / "unwind_nocfi.s")], check=True)

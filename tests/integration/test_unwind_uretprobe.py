@@ -13,6 +13,7 @@ from tests.integration.conftest import aiflame, read_folded
 
 
 def test_samples_inside_a_return_probed_call_keep_their_callers(tmp_path: Path) -> None:
+    # Oracle: the program's own structure (main calls the probed function, which spins)
     lib_dir = tmp_path / "lib"
     lib_dir.mkdir()
     subprocess.run(["gcc", "-O1", "-g", "-fomit-frame-pointer", "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2",

@@ -59,19 +59,20 @@ def _reached_main(frames: Sequence[str]) -> bool:
     return "main" in frames or reaches(frames, {"_start"})
 
 
+def _split(stacks: list[list[str]]) -> float:
+    """caller_a's share (%) of the samples in caller_a or caller_b: 70 by the program's construction."""
+    a, b = share(stacks, lambda s: "caller_a" in s), share(stacks, lambda s: "caller_b" in s)
+    return 100 * a / (a + b)
+
+
 def _c_disagreement(w: Workload, opt: str) -> str | None:
     """Where aiflame's C stacks disagree with perf's of the same run (the 70/30 split, each construct's share)."""
     ours, theirs = w.ours.names(), [list(p.frames) for p in w.perf]
-
-    def split(stacks: list[list[str]]) -> float:
-        a, b = share(stacks, lambda s: "caller_a" in s), share(stacks, lambda s: "caller_b" in s)
-        return 100 * a / (a + b)
-
     print(f"{opt}: reach main aiflame {share(ours, _reached_main):.4f} perf {share(theirs, _reached_main):.4f}; "
-          f"caller_a share aiflame {split(ours):.1f}% perf {split(theirs):.1f}%; samples {len(ours)} / {len(theirs)}")
+          f"caller_a share aiflame {_split(ours):.1f}% perf {_split(theirs):.1f}%; samples {len(ours)} / {len(theirs)}")
     # Both measure the same 70/30 run: their difference spreads ~2 points (1 sigma) by sampling alone.
-    if abs(split(ours) - split(theirs)) > 6:
-        return f"caller_a share {split(ours):.1f}% against perf's {split(theirs):.1f}%"
+    if abs(_split(ours) - _split(theirs)) > 6:
+        return f"caller_a share {_split(ours):.1f}% against perf's {_split(theirs):.1f}%"
     n1, n2 = len(ours), len(theirs)
     for fn in C_FUNCS:
         p1, p2 = (sum(1 for s in stacks if fn in s) / len(stacks) for stacks in (ours, theirs))
@@ -88,18 +89,20 @@ def test_c_without_frame_pointers_matches_perf(runs: dict[str, Workload], opt: s
     assert len(ours) > 800 and len(theirs) > 800, (len(ours), len(theirs))
     reach = share(ours, _reached_main)
     assert reach >= 0.99, (reach, share(theirs, _reached_main), w.ours.counters)
+    # Oracle: perf --call-graph dwarf on the same processes, and its verdict stands: no second run for aiflame.
+    # The one exception is a perf run the program's own construction shows wrong (on a loaded host perf alone has
+    # been seen at 74/26 of the 70/30 split while aiflame was on it): that run is no verdict, and both profilers
+    # run again, for the verdict of the second perf run. aiflame off the 70/30 mix fails whatever perf says.
+    assert abs(_split(ours) - 70) <= 5, f"aiflame's caller_a share {_split(ours):.1f}% against the program's 70%"
     why = _c_disagreement(w, opt)
-    if why is not None:
-        # On a loaded host perf alone has been seen off the program's known mix while aiflame was on it (74/26 of
-        # the 70/30 split; tail_target in 3.6% of samples where it runs ~7.7% of the time). So a disagreement
-        # fails at once when aiflame is off the program's own 70/30 mix (~1.5 points is one sigma here), and
-        # otherwise when a fresh run of both profilers repeats one.
-        a = share(ours, lambda s: "caller_a" in s)
-        split = 100 * a / (a + share(ours, lambda s: "caller_b" in s))
-        assert abs(split - 70) <= 5, (why, f"aiflame's caller_a share {split:.1f}% against the program's 70%")
-        again = run_oracle([(f"c{opt}", [build_c_workload(tmp_path / "c", opt), C_CPU_S])], tmp_path / "out", aiflame)
-        why_again = _c_disagreement(again[f"c{opt}"], opt)
-        assert why_again is None, (why, why_again)
+    if why is not None and abs(_split(theirs) - 70) > 5:  # perf's run is off the program's mix: no verdict
+        w = run_oracle([(f"c{opt}", [build_c_workload(tmp_path / "c", opt), C_CPU_S])], tmp_path / "out",
+                       aiflame)[f"c{opt}"]
+        ours, theirs = w.ours.names(), [list(p.frames) for p in w.perf]
+        assert abs(_split(ours) - 70) <= 5, f"aiflame's caller_a share {_split(ours):.1f}% against 70%"
+        assert abs(_split(theirs) - 70) <= 5, f"perf off the program's 70% twice: {_split(theirs):.1f}%"
+        why = _c_disagreement(w, opt)
+    assert why is None, why
     # The signal handler's samples go through __restore_rt back to the interrupted code and on to main
     # (at -O2 on_prof tail-calls in_handler and is in no stack).
     handler = [s for s in ours if "in_handler" in s]
@@ -113,6 +116,7 @@ def test_c_without_frame_pointers_matches_perf(runs: dict[str, Workload], opt: s
 
 @pytest.mark.parametrize("python", INTERPRETERS, ids=_py_id)
 def test_python_stacks_match_perf_with_frames_in_place(runs: dict[str, Workload], python: str) -> None:
+    # Oracle: perf --call-graph dwarf on the same processes (outermost frames reached)
     w = runs[f"py-{_py_id(python)}"]
     assert len(w.ours.stacks) > 800 and len(w.perf) > 800, (len(w.ours.stacks), len(w.perf))
     settled = min(s.time_ns for s in w.ours.raw) + int(PY_SETTLE_S * 1e9)
@@ -162,6 +166,7 @@ def test_python_stacks_match_perf_with_frames_in_place(runs: dict[str, Workload]
 
 
 def test_torch_dispatcher_cpp_frames_under_python(runs: dict[str, Workload]) -> None:
+    # Oracle: perf --call-graph dwarf on the same process (share of at::/c10:: frames)
     w = runs["torch"]
     theirs = [list(p.frames) for p in w.perf]
     assert len(w.ours.stacks) > 800 and len(theirs) > 800, (len(w.ours.stacks), len(theirs))

@@ -1,6 +1,6 @@
 """Real ELF files for the symbolizer tests, compiled once per test session with gcc/g++ and binutils.
 
-Oracles are the binutils tools (nm, readelf, addr2line), never our own parser, so the tests are not circular.
+Oracles are the binutils tools (nm, readelf, addr2line, c++filt), never our own parser, so the tests are not circular.
 """
 
 from __future__ import annotations
@@ -198,6 +198,13 @@ def addr2line(path: Path, vaddrs: list[int]) -> list[tuple[str, int] | None]:
         num = num.split()[0] if num.split() else ""
         res.append((file, int(num)) if file != "??" and num.isdigit() and int(num) else None)
     return res
+
+
+def cxxfilt(names: list[str]) -> dict[str, str]:
+    """name -> what binutils' c++filt makes of it (a name it cannot demangle comes back unchanged)."""
+    out = subprocess.run(["c++filt"], input="\n".join(names) + "\n", check=True, capture_output=True,
+                         text=True).stdout.splitlines()
+    return dict(zip(names, out, strict=True))
 
 
 def decoded_lines(path: Path) -> dict[int, int]:

@@ -1,5 +1,7 @@
 """`aiflame annotate` on hand-built captures over real binaries: counting leaf samples per instruction, ranking and
-sorting, stripped code, name matching and its errors, GPU kernels with stall reasons, and the command's text."""
+sorting, stripped code, name matching and its errors, GPU kernels with stall reasons, and the command's text.
+
+Past 400 lines by one `Oracle:` line per truth check (issue #30), kept in one file with its fixtures."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ from aiflame.symbolize.annotate import gpu as annotate_gpu
 from aiflame.symbolize.objfmt.elf import read_build_id
 from tests.annotate_build import HotLoop, addr2line, build_hot_loop, objdump_instructions
 from tests.cuda_build import KernelPrograms, kernel_programs
-from tests.unit.elf_builders import readelf_functions, vaddr_to_offset
+from tests.nvdisasm_read import nvdisasm_lines, nvdisasm_sass, squeeze
+from tests.unit.elf_builders import cxxfilt, readelf_functions, vaddr_to_offset
 
 KERNEL_PC = 0xFFFFFFFF81000000
 SCALE = "_Z5scalePffi"
@@ -111,6 +114,7 @@ def _hot_loop(binary: Path) -> tuple[int, int]:
 
 
 def test_leaf_samples_counted_per_instruction(hot: HotLoop) -> None:
+    # Oracle: objdump (instructions), readelf (symbols), addr2line (lines); counts placed by construction
     start, end = _hot_loop(hot.prog)
     insns = objdump_instructions(hot.prog, start, end)
     main_addr = readelf_functions(hot.prog)["main"][0]
@@ -140,6 +144,7 @@ def test_leaf_samples_counted_per_instruction(hot: HotLoop) -> None:
 
 
 def test_sorting_ties_and_hot_marks(hot: HotLoop) -> None:
+    # Oracle: by construction — counts placed by hand on objdump's instructions
     start, end = _hot_loop(hot.prog)
     insns = objdump_instructions(hot.prog, start, end)
     c = Cap()
@@ -154,6 +159,7 @@ def test_sorting_ties_and_hot_marks(hot: HotLoop) -> None:
 
 
 def test_function_without_samples_by_exact_name(hot: HotLoop) -> None:
+    # Oracle: by construction — every sample placed outside main (readelf's address)
     start, _end = _hot_loop(hot.prog)
     c = Cap()
     c.sample(hot.prog, start, 3)
@@ -163,6 +169,7 @@ def test_function_without_samples_by_exact_name(hot: HotLoop) -> None:
 
 
 def test_stripped_binary_names_from_dynsym(hot: HotLoop) -> None:
+    # Oracle: readelf --dyn-syms (the name) and objdump (instructions) of the stripped file
     start, end = _hot_loop(hot.stripped)
     assert readelf_functions(hot.stripped, dynamic=True)["hot_loop"][0] == start
     insns = objdump_instructions(hot.stripped, start, end)
@@ -180,6 +187,7 @@ def test_stripped_binary_names_from_dynsym(hot: HotLoop) -> None:
 
 
 def test_no_symbol_at_all_by_address_and_range(hot: HotLoop) -> None:
+    # Oracle: objdump of the bare file and of its unstripped twin; counts placed by construction
     assert "hot_loop" not in readelf_functions(hot.bare, dynamic=True)
     start, end = _hot_loop(hot.nodyn)  # where the build it was stripped from has the function
     bare_insns = objdump_instructions(hot.bare, start, end)
@@ -217,13 +225,14 @@ def test_ambiguous_names_list_candidates_and_dso_chooses(hot: HotLoop) -> None:
 
 
 def test_cpp_names_mangled_demangled_short_and_part(cpp: Path) -> None:
+    # Oracle: readelf (the mangled symbol's address), c++filt (its demangled name)
     mangled = "_ZNK4demo6Engine3runEi"
     addr, _size = readelf_functions(cpp)[mangled]
     c = Cap()
     c.sample(cpp, addr, 3)
     for query in (mangled, "demo::Engine::run(int) const", "demo::Engine::run", "Engine::ru"):
         ann = annotate(c.capture(), query)
-        assert (ann.name, ann.display, ann.samples) == (mangled, "demo::Engine::run(int) const", 3), query
+        assert (ann.name, ann.display, ann.samples) == (mangled, cxxfilt([mangled])[mangled], 3), query
 
 
 def test_not_found_and_missing_binaries(hot: HotLoop, tmp_path: Path) -> None:
@@ -279,25 +288,28 @@ def _gpu_cap(progs: KernelPrograms) -> tuple[Cap, GpuCode]:
 
 
 def test_gpu_kernel_sass_lines_and_stall_reasons(progs: KernelPrograms) -> None:
+    # Oracle: nvdisasm -g (lines, instruction count), cuobjdump -sass (text); counts by construction
     c, sm90 = _gpu_cap(progs)
     cubin = parse_cubin(sm90.data)
     size = cubin.kernels[SCALE].size
     ann = annotate(c.capture(), "scale")
     assert (ann.kind, ann.name, ann.display, ann.arch) == ("gpu", SCALE, "scale(float*, float, int)", "sm_90")
     assert ann.unit == "stall samples" and ann.size == size and ann.samples == 55 and ann.total == 63
-    assert [i.address for i in ann.instructions] == list(range(0, size, 16))
-    assert all(i.text for i in ann.instructions)  # nvdisasm is part of the accel-test extra
+    lines, sass = nvdisasm_lines(sm90.data)[SCALE], nvdisasm_sass(sm90.data)
+    assert [i.address for i in ann.instructions] == sorted(lines) == list(range(0, size, 16))
+    assert all(i.text and squeeze(i.text) == sass[(SCALE, i.address)] for i in ann.instructions)
     top = ann.hottest()
     assert [(i.samples, i.reasons) for i in top] == [(40, (("long_scoreboard", 30), ("wait", 10))),
                                                      (15, (("wait", 15),))]
     assert [round(i.percent, 2) for i in top] == [72.73, 27.27] and [i.hot for i in top] == [1, 2]
     assert ann.reasons == (("long_scoreboard", 30), ("wait", 25))
     for i in ann.instructions:
-        assert (i.file, i.line) == (cubin.lines().lookup(SCALE, i.address) or ("", 0))
+        assert (i.file, i.line) == (lines[i.address] or ("", 0))
     assert any(n.startswith("8 more stall samples of this kernel are in other code objects") for n in ann.notes)
 
 
 def test_gpu_without_nvdisasm_and_without_code(progs: KernelPrograms, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Oracle: by construction — the stall counts and offsets of _gpu_cap, placed by hand
     monkeypatch.setattr(stalls, "find_nvdisasm", lambda: None)
     monkeypatch.setattr(annotate_gpu, "find_nvdisasm", lambda: None)
     c, _sm90 = _gpu_cap(progs)
@@ -336,6 +348,7 @@ def _write(c: Cap, path: Path) -> Path:
 
 def test_cli_address_order_and_hottest_first(hot: HotLoop, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # Oracle: by construction — 30 and 10 samples on objdump's instructions of hot_loop
     start, end = _hot_loop(hot.prog)
     insns = objdump_instructions(hot.prog, start, end)
     c = Cap()
@@ -359,6 +372,7 @@ def test_cli_address_order_and_hottest_first(hot: HotLoop, tmp_path: Path,
 
 def test_cli_gpu_rows_show_reasons(progs: KernelPrograms, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # Oracle: by construction — the stall counts and reasons of _gpu_cap
     c, _sm90 = _gpu_cap(progs)
     path = _write(c, tmp_path / "g.aiflame")
     assert main(["annotate", str(path), "scale", "-s", "samples"]) == 0

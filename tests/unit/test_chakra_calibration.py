@@ -81,6 +81,7 @@ def sweep() -> Profile:
 
 
 def test_calibration_separates_the_host_from_the_link() -> None:
+    # Oracle: by construction — truth(): each call's host cost and link time are set here per kind
     cal = calibrate(build_traces(sweep()), "sweep", "gloo")
     assert 1e9 / (cal.bandwidth_gibps * GIB) == pytest.approx(LINK_NS_PER_B, rel=0.02)  # the fastest kind's rate
     assert cal.latency_ns == pytest.approx(LATENCY_NS, rel=0.05)  # the kind with no per-call host cost
@@ -95,6 +96,7 @@ def test_calibration_separates_the_host_from_the_link() -> None:
 def test_calibrated_on_a_sweep_it_predicts_another_job(tmp_path: Path) -> None:
     """Fit on one capture, check on another: each held-out call's host node plus the link time of the
     simulator's model is what the call took (the simulator's own run is by hand: docs/chakra.md)."""
+    # Oracle: by construction — truth() on a held-out job (ASTRA-sim's own run is by hand: docs/chakra.md)
     cal = calibrate(build_traces(sweep()), "sweep", "gloo")
     other = job([("allreduce", 40_000), ("allgather", 4000), ("broadcast", 10_000), ("send/recv", 4096),
                  ("allreduce", 4 << 20), ("broadcast", 1 << 20), ("send/recv", 120_000)] * 3,
@@ -121,6 +123,7 @@ def test_calibrated_on_a_sweep_it_predicts_another_job(tmp_path: Path) -> None:
 def test_a_network_fitted_to_one_job_does_not_predict_another() -> None:
     """The trap the calibration avoids: one bandwidth and latency fitted to small calls puts gloo's per-call cost
     into the bandwidth, and a job of large calls runs many times too long with it."""
+    # Oracle: by construction — truth() of the large calls the small-call fit mispredicts
     small = job([("allreduce", 40_000), ("allgather", 4000), ("send/recv", 4096)] * 5)
     fit = fit_network(build_traces(small))
     assert fit is not None
@@ -131,6 +134,7 @@ def test_a_network_fitted_to_one_job_does_not_predict_another() -> None:
 
 
 def test_report_sim_tells_a_prediction_from_a_reproduction() -> None:
+    # Oracle: by construction — which capture each network file was made from; a simulator log written here
     prof = timed_job()
     prof.meta.update(host="h", boot_id="b", start_wall_ns="7")
     fit = fit_network(build_traces(prof))
@@ -206,6 +210,7 @@ def test_the_calls_tail_is_kept_as_a_per_call_cost() -> None:
     """Calls not scheduled at once (here one small call in six takes 3 ms more, as on a busy 2-core host) come at
     random, whatever the kind: the typical line comes from the medians, and the average excess of the small calls
     is added to every kind's per-call cost, so the sweep's total time is kept."""
+    # Oracle: by construction — one small call in six made 3 ms longer here
     prof = sweep()
     small = [e for e in prof.events if e.name != "recv" and int(e.args["bytes"]) <= 64 << 10]
     for e in small[::6]:

@@ -156,6 +156,7 @@ def rules_of(problems: list[Problem]) -> list[str]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_broken_rule_is_reported(case: str, tmp_path: Path) -> None:
+    # Oracle: by construction — one trace built here to break each input rule of ASTRA-sim's analytical backend
     make, rule, fragment, ids = CASES[case]
     problems = check(write(tmp_path, make()), world=2)
     hits = [p for p in problems if p.rule == rule and fragment in p.message]
@@ -168,16 +169,19 @@ def test_each_broken_rule_is_reported(case: str, tmp_path: Path) -> None:
 
 
 def test_good_traces_pass(tmp_path: Path) -> None:
+    # Oracle: by construction — traces built here from mlc-chakra's schema that keep every rule
     assert check(write(tmp_path, good())) == []
 
 
 def test_warnings_do_not_fail(tmp_path: Path) -> None:
+    # Oracle: by construction — a broadcast, which the simulator runs as another type, and a reordered pair
     ranks = [[coll(1, pb.BROADCAST), coll(2, pb.ALL_REDUCE)], [coll(1, pb.BROADCAST), coll(2, pb.ALL_REDUCE)]]
     problems = check(write(tmp_path, ranks))
     assert {(p.rule, p.severity) for p in problems} == {("14 comm_type", "warning"), ("9 collective order", "warning")}
 
 
 def test_comm_groups_and_roofline(tmp_path: Path) -> None:
+    # Oracle: by construction — a comm group named here, and a COMP node without tensor sizes
     ranks = [[coll(1, pg_name=("string_val", "1"))], [coll(1, pg_name=("string_val", "1"))]]
     assert check(write(tmp_path, ranks), comm_groups=[1]) == []
     ranks = [[node(1), node(2, deps=(1,), num_ops=("int64_val", 10), tensor_size=("uint64_val", 0))], [node(1)]]

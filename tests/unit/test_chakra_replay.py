@@ -120,6 +120,7 @@ def _recv(i: int, src: int, tag: int, deps: tuple[int, ...] = ()) -> Any:
 
 
 def test_replay_finishes_matched_messages() -> None:
+    # Oracle: by construction — hand-made nodes whose messages match
     ranks = {0: [_node(1, pb.COMP_NODE), _send(2, 1, 7, (1,)), _recv(3, 1, 8, (2,))],
              1: [_recv(1, 0, 7), _send(2, 0, 8, (1,))]}
     finish = replay(ranks)
@@ -127,6 +128,7 @@ def test_replay_finishes_matched_messages() -> None:
 
 
 def test_replay_finds_a_deadlock() -> None:
+    # Oracle: by construction — both ranks receive before they send
     # both ranks receive first, each waiting for a send the other issues only after its receive
     ranks = {0: [_recv(1, 1, 7), _send(2, 1, 8, (1,))], 1: [_recv(1, 0, 8), _send(2, 0, 7, (1,))]}
     with pytest.raises(AssertionError, match="deadlock"):

@@ -33,6 +33,7 @@ LOG = "".join(f"[2026-11-25 15:27:16.872] [workload] [info] sys[{r}] finished, {
 
 def test_network_fit_recovers_latency_and_bandwidth() -> None:
     """All-reduces that took 16 x 1 µs latency plus 1 ns per byte (2 ranks, 4 splits in the model)."""
+    # Oracle: by construction — all-reduces that took 16 x 1 µs plus 1 ns per byte
     prof = Profile()
     t = 0
     for size in (64, 64, 1 << 20, 4096):
@@ -54,6 +55,7 @@ def test_export_writes_the_network_and_checks(tmp_path: Path) -> None:
 
 
 def test_sim_log_compared_with_the_capture() -> None:
+    # Oracle: by construction — an ASTRA-sim log written here in its format, and timed_job's window
     tl = build_timeline(timed_job())
     rows = compare(tl, parse_sim_log(LOG))
     assert [(r.rank, r.measured_ns, r.simulated_ns, r.measured_exposed_ns) for r in rows] == \
@@ -70,6 +72,7 @@ def test_simulated_and_measured_exposed_are_the_same_quantity() -> None:
     """A replay that takes the captured durations (what a perfectly fitted simulator does) finishes at the window
     less the idle time, and its exposed communication (finish - the COMP nodes) is the measured one: compute
     overlapping an all-reduce, an all-reduce the rank waited for, 200 ms blocked outside communication."""
+    # Oracle: replayed_finish (a replay written for the tests); the blocked 200 ms by construction
     prof = Profile(meta={"frequency_hz": "1000"})
     for r in (0, 1):
         prof.events += [ev(r, "allreduce", 0, MS, tid=7, bytes=64),
@@ -95,6 +98,7 @@ def test_simulated_and_measured_exposed_are_the_same_quantity() -> None:
 
 
 def test_report_sim_prints_a_table(tmp_path: Path) -> None:
+    # Oracle: by construction — the log's 50 and 49 ms against timed_job's 49 ms window
     log = tmp_path / "log"
     log.mkdir()
     (log / "log.log").write_text(LOG)
@@ -149,6 +153,7 @@ def check_trace_events(doc: dict[str, Any]) -> dict[tuple[int, int], list[dict[s
 
 @pytest.mark.parametrize("make", [timed_job, gloo_job])
 def test_perfetto_timeline_follows_the_format_and_the_chakra_nodes(make: Any) -> None:
+    # Oracle: Chrome's Trace Event Format (check_trace_events, written from the document); COMP nodes
     assert REGISTRY["perfetto-json"].extension == ".perfetto.json"
     prof = make()
     doc = json.loads(get_exporter("perfetto-json").render(prof))
@@ -175,6 +180,7 @@ def test_perfetto_flows_follow_a_send_and_receive_moved_to_an_overlap_lane() -> 
     """A send or receive that crosses another slice on its thread goes to an extra lane; its flow end goes with it
     (left on the thread, it bound to whatever was open there: chrome://tracing drew the all-gather sending to the
     recv's wait)."""
+    # Oracle: Chrome's Trace Event Format: a flow binds to the slice open on its track
     prof = gloo_job()
     for r in (0, 1):  # an all-gather on the point-to-point thread that ends inside the send/recv (from 200 µs)
         prof.events.append(ev(r, "allgather", 199_000, 2000, tid=100 + r, bytes=64))
@@ -187,6 +193,7 @@ def test_perfetto_flows_follow_a_send_and_receive_moved_to_an_overlap_lane() -> 
 
 
 def test_perfetto_without_events_is_an_empty_timeline() -> None:
+    # Oracle: Perfetto's own schema (the perfetto package), read by tests/perfetto_read.py
     doc = json.loads(get_exporter("perfetto-json").render(Profile()))
     assert doc["traceEvents"] == []
     slices, _, info, _ = perfetto_read.read(get_exporter("perfetto").render(Profile()))
@@ -222,6 +229,7 @@ def same_timeline(doc: dict[str, Any], data: bytes) -> None:
 def test_perfetto_protobuf_is_the_json_timeline(make: Any) -> None:
     """`perfetto` (Perfetto's protobuf) and `perfetto-json` are one timeline: read back by a reader that applies
     Perfetto's TrackEvent rules (tests/perfetto_read.py), every slice, instant, name and argument is there."""
+    # Oracle: Perfetto's own schema and TrackEvent rules (tests/perfetto_read.py), against the JSON timeline
     assert REGISTRY["perfetto"].extension == ".pftrace" and not REGISTRY["perfetto"].text
     prof = make()
     doc = json.loads(get_exporter("perfetto-json").render(prof))

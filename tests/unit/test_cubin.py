@@ -3,7 +3,6 @@ instruction, plus hostile inputs."""
 
 from __future__ import annotations
 
-import re
 import struct
 import subprocess
 from pathlib import Path
@@ -14,7 +13,8 @@ from hypothesis import strategies as st
 
 from aiflame.symbolize.accel.cubin import Cubin, CubinError, parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
-from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs, nvidia_bin
+from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs
+from tests.nvdisasm_read import nvdisasm_lines
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KERNELS = {"_Z5scalePffi", "_Z3addPKfS0_Pfi", "_ZN4demo4fillIiEEvPT_S1_i"}
@@ -50,29 +50,8 @@ def code_cubins(cubins: dict[str, list[bytes]], tmp_path_factory: pytest.TempPat
     return out
 
 
-def nvdisasm_lines(path: Path) -> dict[str, dict[int, tuple[str, int] | None]]:
-    """Per kernel and instruction offset, the source line `nvdisasm -g` shows.
-
-    nvdisasm prints `//## File "...", line N` only when the line changes, and keeps that state from one
-    function to the next: an instruction's line is the last annotation printed before it, anywhere above."""
-    tool = nvidia_bin("nvdisasm")
-    if tool is None:
-        pytest.fail("nvdisasm not found: install the accel-test extra (`make setup`)")
-    text = subprocess.run([str(tool), "-c", "-g", str(path)], check=True, capture_output=True, text=True).stdout
-    out: dict[str, dict[int, tuple[str, int] | None]] = {}
-    kernel: dict[int, tuple[str, int] | None] | None = None
-    current: tuple[str, int] | None = None
-    for line in text.splitlines():
-        if m := re.match(r"\s*\.section\s+\.text\.([^,\s]+)", line):
-            kernel = out.setdefault(m.group(1), {})
-        elif m := re.match(r'\s*//## File "(.*)", line (\d+)', line):
-            current = (m.group(1), int(m.group(2)))
-        elif (m := re.match(r"\s*/\*([0-9a-f]{4,})\*/", line)) and kernel is not None:
-            kernel[int(m.group(1), 16)] = current
-    return out
-
-
 def test_every_instruction_matches_nvdisasm(code_cubins: dict[str, Path]) -> None:
+    # Oracle: nvdisasm -g (the line of every instruction), read by nvdisasm_lines (tests/cuda_build.py)
     archs_seen, relocs_seen, checked = set(), set(), 0
     for name, path in code_cubins.items():
         c = parse_cubin(path.read_bytes(), label=name)
@@ -92,6 +71,7 @@ def test_every_instruction_matches_nvdisasm(code_cubins: dict[str, Path]) -> Non
 
 
 def test_line_tables_point_into_the_right_functions(code_cubins: dict[str, Path]) -> None:
+    # Oracle: by construction — kernels.cu's source: each kernel's body and the inlined mix()
     src = KERNELS_CU.read_text().splitlines()
 
     def body(start: str) -> range:
@@ -114,6 +94,7 @@ def test_line_tables_point_into_the_right_functions(code_cubins: dict[str, Path]
 
 
 def test_kernels_match_readelf(code_cubins: dict[str, Path]) -> None:
+    # Oracle: readelf -sW of each cubin (names, sizes, entry flag)
     for path in code_cubins.values():
         c = parse_cubin(path.read_bytes())
         assert set(c.kernels) == KERNELS
@@ -128,6 +109,7 @@ def test_kernels_match_readelf(code_cubins: dict[str, Path]) -> None:
 
 
 def test_arch_and_kernel_less_cubins(cubins: dict[str, list[bytes]], progs: KernelPrograms) -> None:
+    # Oracle: cuobjdump, by way of the fatbin entries test_fatbin checks byte for byte; nvcc's two kernel-less units
     _kind, data = read_fatbin_file(progs.plain)
     for e in iter_entries(data):
         if e.kind == "elf":

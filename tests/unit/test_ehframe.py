@@ -32,6 +32,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     ],
 )
 def test_every_compiled_function_starts_where_nm_says(built: Built, name: str, expected: set[str]) -> None:
+    # Oracle: readelf -s (function symbols of the file or of its unstripped twin)
     path: Path = getattr(built, name)
     twin = {"prog_stripped": built.prog, "lib_stripped": built.lib}.get(name, path)
     funcs = {n: a for n, (a, size) in readelf_functions(twin).items() if size}
@@ -48,6 +49,7 @@ def test_every_compiled_function_starts_where_nm_says(built: Built, name: str, e
 
 
 def test_addresses_outside_code_have_no_function(built: Built) -> None:
+    # Oracle: by construction — .rodata, address 0 and 2**60 hold no code
     with ElfFile.open(built.prog) as elf:
         starts = function_starts(elf)
         rodata = elf.section(".rodata")
@@ -58,6 +60,7 @@ def test_addresses_outside_code_have_no_function(built: Built) -> None:
 
 @pytest.mark.skipif(not os.path.exists(DEBIAN_PYTHON), reason="Debian's python3.11 is not installed")
 def test_static_functions_of_a_stripped_interpreter() -> None:
+    # Oracle: readelf --dyn-syms (PyObject_GC_Del's address in Debian's python3.11)
     dyn = readelf_functions(Path(DEBIAN_PYTHON), dynamic=True)
     with ElfFile.open(DEBIAN_PYTHON) as elf:
         assert elf.section(".symtab") is None

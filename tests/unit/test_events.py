@@ -38,6 +38,7 @@ def test_events_and_gpu_code_round_trip(tmp_path: Path) -> None:
 
 
 def test_trace_events_named_ranked_and_meta_dropped() -> None:
+    # Oracle: by construction — the raw events built here (a registered kernel name, a gloo context's rank)
     prof = symbolize_capture(_capture(), options=StackOptions(group="none"))
     assert [(e.name, e.kind) for e in prof.events] == [
         ("scale", EventKind.COMPUTE), ("scale", EventKind.COMPUTE), ("cudaMemcpy", EventKind.COPY),
@@ -49,6 +50,7 @@ def test_trace_events_named_ranked_and_meta_dropped() -> None:
 
 
 def test_launch_view_is_stack_separator_kernel() -> None:
+    # Oracle: by construction — two launches of the kernel registered as scale, built here
     prof = symbolize_capture(_capture(), options=StackOptions(group="none"))
     view = launch_profile(prof)
     assert view.unit == "launches" and view.total_weight == 2

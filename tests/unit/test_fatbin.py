@@ -73,6 +73,7 @@ def cuobjdump_digests(container: bytes, work: Path) -> Counter[tuple[str, str]]:
 def test_entries_byte_identical_to_cuobjdump(
     variant: str, progs: KernelPrograms, sections: dict[str, bytes], tmp_path: Path
 ) -> None:
+    # Oracle: cuobjdump -xelf/-xptx (the sha256 of every file it extracts) and -lelf/-lptx
     data = sections[variant]
     spans = find_fatbins(data)
     assert len(spans) >= 2  # one kernel-less container per translation unit, one with the kernels
@@ -94,6 +95,7 @@ def test_entries_byte_identical_to_cuobjdump(
 
 
 def test_architectures_and_kinds(sections: dict[str, bytes]) -> None:
+    # Oracle: by construction — nvcc -gencode for sm_80 and sm_90 with PTX for compute_90; the ELF header's e_machine
     plain = list(iter_entries(sections["plain"]))
     assert sorted({e.arch for e in plain if e.kind == "elf"}) == [80, 90]
     assert [e.arch for e in plain if e.kind == "ptx"] == [90]
@@ -106,6 +108,7 @@ def test_architectures_and_kinds(sections: dict[str, bytes]) -> None:
 
 
 def test_compressed_build_decodes_to_the_same_entries(sections: dict[str, bytes]) -> None:
+    # Oracle: cuobjdump, by way of test_entries_byte_identical_to_cuobjdump on both builds
     plain = list(iter_entries(sections["plain"]))
     packed = list(iter_entries(sections["compressed"]))
     assert [(e.kind, e.arch, e.digest) for e in packed] == [(e.kind, e.arch, e.digest) for e in plain]
@@ -115,6 +118,7 @@ def test_compressed_build_decodes_to_the_same_entries(sections: dict[str, bytes]
 
 
 def test_static_and_shared_builds_carry_the_same_kernels(sections: dict[str, bytes]) -> None:
+    # Oracle: cuobjdump, by way of test_entries_byte_identical_to_cuobjdump on every build
     def code_digests(name: str) -> set[str]:
         return {e.digest for e in iter_entries(sections[name]) if e.kind == "elf" and len(e.data) > 4096}
 
@@ -124,6 +128,7 @@ def test_static_and_shared_builds_carry_the_same_kernels(sections: dict[str, byt
 
 def test_fatbin_read_from_memory(sections: dict[str, bytes]) -> None:
     """What a capture reads from /proc/PID/mem: 16 header bytes to learn the size, then the container."""
+    # Oracle: by construction — the container's bytes followed by 100 bytes of 0xff
     data = sections["compressed"]
     start, size = find_fatbins(data)[-1]
     assert fatbin_size(data[start : start + 16]) == size
@@ -178,6 +183,7 @@ def a_cubin(sections: dict[str, bytes]) -> FatbinEntry:
 
 
 def test_lz4_zstd_and_unknown_compression(a_cubin: FatbinEntry) -> None:
+    # Oracle: lz4 and zstandard's own compressors (payloads packed here), against the cubin itself
     data = a_cubin.data
     lz = lz4.block.compress(data, store_size=False)
     zs = zstandard.ZstdCompressor().compress(data)

@@ -37,6 +37,7 @@ def host(ranks: tuple[int, ...], world: int, clock: int, seed: int) -> Profile:
 
 
 def test_a_clock_error_is_recovered_from_the_collectives() -> None:
+    # Oracle: by construction — host B's clock set D ahead and its wall clock 37 ms off, here
     a = host((0, 1), 4, 0, 1)
     b = host((2, 3), 4, D, 2)
     b.meta["start_wall_ns"] = str(int(b.meta["start_wall_ns"]) + 37 * MS)  # NTP kept B 37 ms off
@@ -55,6 +56,7 @@ def test_a_clock_error_is_recovered_from_the_collectives() -> None:
 
 
 def test_pids_of_two_hosts_stay_apart() -> None:
+    # Oracle: by construction — both hosts' ranks given the same pids here
     a = host((0, 1), 4, 0, 1)
     b = host((2, 3), 4, D, 2)
     for e in b.events:  # host B's ranks run as the same pids as host A's

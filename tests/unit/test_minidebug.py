@@ -98,12 +98,14 @@ def _offsets(made: Made, funcs: list[str], delta: int = 2) -> dict[str, int]:
 
 
 def test_fixture_is_a_real_minidebuginfo(made: Made) -> None:
+    # Oracle: nm -D (the static functions are not in .dynsym); the xz magic
     assert {"static_helper", "add_numbers", "loop_sum"} <= set(made.kept)
     assert not {"static_helper", "add_numbers"} & _nm(made.stripped, "-D")
     assert made.payload[:6] == b"\xfd7zXZ\x00"
 
 
 def test_static_functions_named_from_minidebuginfo(made: Made, tmp_path: Path) -> None:
+    # Oracle: readelf -s of the unstripped twin (each function's address)
     offs = _offsets(made, ["static_helper", "add_numbers", "loop_sum", "main"])
     sym = NativeSymbolizer(cache_dir=str(tmp_path / "c"), debug_dirs=())
     frames = sym.symbolize(str(made.prog), None, offs.values())
@@ -116,6 +118,7 @@ def test_static_functions_named_from_minidebuginfo(made: Made, tmp_path: Path) -
 
 
 def test_minidebug_functions_are_the_kept_symbols(made: Made) -> None:
+    # Oracle: nm of the unstripped build, and the symbol list given to objcopy
     with ElfFile.open(made.prog) as elf:
         names = {s.name for s in minidebug_functions(elf)}
     funcs = {n for n, t in _nm_typed(made.built.prog) if t in "Tt"}

@@ -21,6 +21,7 @@ from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.unit.elf_builders import (
     Built,
+    addr2line,
     get_built,
     line_of,
     marker_line,
@@ -54,14 +55,17 @@ def one(s: NativeSymbolizer, path: Path, off: int, build_id: str | None = None) 
 
 
 def test_pie_with_debug_info(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s (names) and addr2line (file and line) at every offset
     body = marker_line(built.src, "add_body")
     offs = {f: offset_of(built.prog, f, 4) for f in ("add_numbers", "loop_sum", "main", "static_helper")}
     frames = sym.symbolize(str(built.prog), built.build_ids["prog"], offs.values())
     assert set(frames) == set(offs.values())
+    funcs = readelf_functions(built.prog)
+    want = dict(zip(offs, addr2line(built.prog, [funcs[func][0] + 4 for func in offs]), strict=True))
     for func, off in offs.items():
         f = frames[off]
         assert (f.name, f.kind, f.module, f.file) == (func, NATIVE, "prog", str(built.src))
-        assert f.line > 0
+        assert (f.file, f.line) == want[func]
     assert frames[offs["add_numbers"]].line == body - 1  # prologue: the line of the opening brace
     # An address on the marked statement itself.
     start = readelf_functions(built.prog)["add_numbers"]
@@ -70,26 +74,33 @@ def test_pie_with_debug_info(built: Built, sym: NativeSymbolizer) -> None:
 
 
 def test_without_debug_info_names_only(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s (loop_sum's address); built without -g
     f = one(sym, built.prog_nog, offset_of(built.prog_nog, "loop_sum", 8))
     assert f == Frame("loop_sum", NATIVE, "prog_nog", "", 0)
 
 
 def test_non_pie(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s and addr2line
     off = offset_of(built.prog_nopie, "loop_sum", 10)
     f = one(sym, built.prog_nopie, off, built.build_ids["prog_nopie"])
-    assert (f.name, f.file) == ("loop_sum", str(built.src)) and f.line > 0
+    addr = readelf_functions(built.prog_nopie)["loop_sum"][0] + 10
+    assert (f.name, f.file) == ("loop_sum", str(built.src))
+    assert (f.file, f.line) == addr2line(built.prog_nopie, [addr])[0]
 
 
 def test_zero_size_symbol(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s (zero_size_fn's address)
     assert one(sym, built.prog, offset_of(built.prog, "zero_size_fn", 3)).name == "zero_size_fn"
 
 
 def test_plt_stub(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: objdump -d (puts@plt)
     addr = plt_stubs(built.prog)["puts@plt"]
     assert one(sym, built.prog, vaddr_to_offset(built.prog, addr + 4)).name == "puts@plt"
 
 
 def test_shared_library(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s of the library
     off = offset_of(built.lib, "lib_exported", 5)
     f = one(sym, built.lib, off, built.build_ids["libdemo.so"])
     assert (f.name, f.module, f.file) == ("lib_exported", "libdemo.so", str(built.lib_src))
@@ -98,6 +109,7 @@ def test_shared_library(built: Built, sym: NativeSymbolizer) -> None:
 
 
 def test_stripped_library_exports_only(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s of the unstripped twin; strip keeps .dynsym only
     off = offset_of(built.lib_stripped, "lib_exported", 5, symbols_from=built.lib)
     assert one(sym, built.lib_stripped, off) == Frame("lib_exported", NATIVE, "libdemo_stripped.so")
     # static: not in .dynsym. Named by its module and where its function starts (from the unwind table), so
@@ -111,6 +123,7 @@ def test_stripped_library_exports_only(built: Built, sym: NativeSymbolizer) -> N
 
 
 def test_stripped_executable_without_debug_file(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s of the unstripped twin; strip removes add_numbers
     off = offset_of(built.prog_stripped, "add_numbers", 4, symbols_from=built.prog)
     f = one(sym, built.prog_stripped, off, built.build_ids["prog"])
     start = offset_of(built.prog_stripped, "add_numbers", 0, symbols_from=built.prog)
@@ -119,6 +132,7 @@ def test_stripped_executable_without_debug_file(built: Built, sym: NativeSymboli
 
 @pytest.mark.parametrize("binary", ["prog_linked", "prog_linked_sub"])
 def test_debuglink_debug_file(built: Built, sym: NativeSymbolizer, binary: str) -> None:
+    # Oracle: readelf -s of the unstripped twin; MARK comments in the source (line)
     path: Path = getattr(built, binary)
     off = offset_of(path, "add_numbers", 4, symbols_from=built.prog)
     f = one(sym, path, off, built.build_ids["prog"])
@@ -127,6 +141,7 @@ def test_debuglink_debug_file(built: Built, sym: NativeSymbolizer, binary: str) 
 
 
 def test_build_id_debug_dir(built: Built, tmp_path: Path) -> None:
+    # Oracle: readelf -s of the unstripped twin; the debug file placed here by build id
     s = NativeSymbolizer(cache_dir=str(tmp_path), debug_dirs=[str(built.bid_debug_dir)])
     off = offset_of(built.prog_bid, "loop_sum", 9, symbols_from=built.prog)
     f = one(s, built.prog_bid, off, built.build_ids["prog"])
@@ -141,6 +156,7 @@ def test_build_id_debug_dir(built: Built, tmp_path: Path) -> None:
 
 
 def test_debug_file_alone_when_binary_is_gone(built: Built, tmp_path: Path) -> None:
+    # Oracle: readelf -s; the debug file placed here by build id
     s = NativeSymbolizer(cache_dir=str(tmp_path), debug_dirs=[str(built.bid_debug_dir)])
     off = offset_of(built.prog, "add_numbers", 4)
     f = one(s, tmp_path / "deleted" / "prog", off, built.build_ids["prog"])
@@ -154,6 +170,7 @@ def test_build_id_mismatch_ignores_the_file(built: Built, sym: NativeSymbolizer)
 
 
 def test_cpp_names_are_demangled_and_short(built: Built, sym: NativeSymbolizer) -> None:
+    # Oracle: readelf -s (mangled names and ranges); c++filt (demangled names)
     funcs = readelf_functions(built.cpp)
     run_off = offset_of(built.cpp, "_ZNK4demo6Engine3runEi", 4)
     tmpl = "_ZN4demo6detail10scaled_sumIiEET_RKSt6vectorIS2_SaIS2_EES2_"

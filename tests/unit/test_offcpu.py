@@ -40,6 +40,7 @@ def _raw(tid: int, time_ns: int, off_cpu_ns: int = 0) -> RawSample:
 
 
 def test_a_block_weighs_from_its_stack_to_its_end() -> None:
+    # Oracle: by construction — a block from 1000 to 4000 ns built here
     pairs = OffCpuPairs()
     pairs.stack(_raw(11, 1000))
     pairs.stack(_raw(12, 1500))
@@ -60,6 +61,7 @@ def test_threads_that_block_and_die_cannot_grow_the_pairs() -> None:
 
 
 def test_lost_records_are_counted_not_guessed() -> None:
+    # Oracle: by construction — records dropped here on purpose
     pairs = OffCpuPairs()
     assert pairs.end(OffCpuEnd(7, 11, 1000, 4000)) is None  # its stack was lost
     pairs.stack(_raw(11, 5000))
@@ -71,6 +73,7 @@ def test_lost_records_are_counted_not_guessed() -> None:
 
 
 def test_threads_still_blocked_at_the_end_are_blocked_until_then() -> None:
+    # Oracle: by construction — blocks open since 1000 and 2000 ns at 10,000 ns
     pairs = OffCpuPairs()
     pairs.stack(_raw(11, 1000))
     pairs.stack(_raw(12, 2000))
@@ -79,6 +82,7 @@ def test_threads_still_blocked_at_the_end_are_blocked_until_then() -> None:
 
 
 def test_records_decode() -> None:
+    # Oracle: by construction — records laid out here by the ctypes structs of bpf/aiflame.h
     rec = SampleRec(kind=RecKind.OFFCPU, cpu=1, time_ns=123, pid=10, tid=11, user_len=16, kern_len=8, comm=b"w")
     rec.data[0], rec.data[1], rec.data[2] = 0x401000, 0x401100, 0xFFFF1
     out = decode_record(bytes(rec)[:SampleRec.data.offset + 24])
@@ -107,15 +111,18 @@ def _frames(*names: str) -> tuple[Frame, ...]:
     (("main", "nccl_helper", "ncclx"), OFF_CPU),
 ])
 def test_the_rootward_runtime_frame_names_the_block(names: tuple[str, ...], marker: Frame) -> None:
+    # Oracle: by construction — stacks through each runtime's blocking call
     assert off_cpu_marker(_frames(*names)) is marker
 
 
 def test_nccl_by_module_and_kernel_frames_never_name_it() -> None:
+    # Oracle: by construction — a frame in libnccl.so.2, and a kernel frame named like NCCL
     assert off_cpu_marker((Frame("main"), Frame("proxy", module="libnccl.so.2"))) is NCCL
     assert off_cpu_marker((Frame("main"), Frame("ncclFake", FrameKind.KERNEL))) is OFF_CPU
 
 
 def test_a_python_only_stack_takes_the_marker_of_its_native_frames() -> None:
+    # Oracle: by construction — a stack through cudaDeviceSynchronize
     py = (Frame("train", FrameKind.PYTHON), Frame("synchronize", FrameKind.PYTHON))
     native = _frames("PyEval_EvalFrameDefault", "cudaDeviceSynchronize", "ioctl")
     assert with_marker(py, native) == (*py, CUDA_SYNC)
@@ -133,6 +140,7 @@ def _prof(hz: int = 100) -> Profile:
 
 
 def test_wall_weighs_cpu_samples_by_the_period_and_blocks_by_their_time() -> None:
+    # Oracle: by construction — 3 samples at 100 Hz and 30 ms blocked
     wall = wall_profile(_prof(hz=100))  # 3 samples at 100 Hz: 30 ms on CPU; 30 ms blocked
     assert wall.unit == "ns" and wall.total_weight == 60_000_000
     by_leaf = {stack[-1].name: w for stack, w in wall.aggregate().items()}
@@ -151,6 +159,7 @@ def test_off_cpu_views_of_a_capture_without_them_are_refused() -> None:
 
 
 def test_summary_line_names_the_time_in_each_runtime() -> None:
+    # Oracle: by construction — 30 ms and 1.5 s of blocks put in here
     prof = _prof()
     prof.off_cpu.append(Sample((Frame("main"), NCCL), 1_500_000_000))
     assert off_cpu_line(prof) == "off-CPU: 1.53 s blocked in 3 blocks (nccl 1.50 s)"
@@ -176,6 +185,7 @@ def _capture() -> Capture:
 
 
 def test_off_cpu_samples_are_apart_from_cpu_samples_and_end_in_their_marker() -> None:
+    # Oracle: by construction — one CPU sample and one 25 ms block in the capture built here
     prof = symbolize_capture(_capture(), options=StackOptions(group="none"))
     assert [s.weight for s in prof.samples] == [1]
     (blocked,) = prof.off_cpu
@@ -214,6 +224,7 @@ def test_wall_view_of_a_capture_without_off_cpu_is_one_line(tmp_path: Path,
 
 
 def test_export_wall_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Oracle: by construction — one sample at 100 Hz (10 ms) and a 25 ms block
     write_capture(tmp_path / "c.aiflame", _capture())
     assert main(["export", str(tmp_path / "c.aiflame"), "--view", "wall", "-f", "folded", "--group", "none",
                  "-o", str(tmp_path / "w.folded")]) == 0

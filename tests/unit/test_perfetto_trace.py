@@ -66,6 +66,7 @@ def _norm(e: dict[str, Any]) -> tuple[Any, ...]:
 @settings(max_examples=300, deadline=None)
 @given(timelines())
 def test_slices_read_back_exactly(events: list[dict[str, Any]]) -> None:
+    # Oracle: Perfetto's own schema and TrackEvent rules (tests/perfetto_read.py), on random timelines
     slices, tracks, info, flows = perfetto_read.read(encode(events, {"producer": "test"}, LANE_TID))
     assert info == {"producer": "test"}
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}

@@ -1,13 +1,16 @@
-"""pprof export decoded back with our schema (string table, leaf-first locations, values, labels), and with
-protoc's schema-less decoder against profile.proto's field numbers."""
+"""pprof export read back with Google's own profile.proto (tests/pprof_read.py: string table, leaf-first
+locations, values, labels, and the validity rules of pprof's reader), and with protoc's schema-less decoder
+against profile.proto's field numbers; our copy of the schema checked field by field against Google's."""
 
 from __future__ import annotations
 
 import gzip
+from typing import Any
 
 from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
 from aiflame.exporters import get_exporter
-from aiflame.exporters import pprof_pb2 as pb
+from aiflame.exporters import pprof_pb2 as ours
+from tests.pprof_read import _schema, read_pprof
 
 MAIN = Frame("main", FrameKind.NATIVE, module="app")
 STEP = Frame("step", FrameKind.PYTHON, module="t.py", file="/w/t.py", line=3)
@@ -17,13 +20,12 @@ INSN = Frame("+0x0020 LDG.E R4, [R2]", FrameKind.ACCEL_INSTR)
 WAIT = Frame("wait", FrameKind.STALL)
 
 
-def _decode(prof: Profile) -> pb.Profile:
-    out = pb.Profile()
-    out.ParseFromString(gzip.decompress(get_exporter("pprof").render(prof)))
-    return out
+def _decode(prof: Profile) -> Any:
+    return read_pprof(get_exporter("pprof").render(prof))
 
 
 def test_stall_samples_decode_with_labels() -> None:
+    # Oracle: Google's profile.proto and pprof's validity rules (tests/pprof_read.py); the profile by construction
     prof = Profile(samples=[Sample((MAIN, STEP, SEPARATOR, KERNEL, SRC, INSN, WAIT), 7, pid=42),
                             Sample((MAIN, STEP), 3, pid=43)],
                    events=[TraceEvent("x", EventKind.COLLECTIVE, 0, pid=42, rank=1)], unit="stall samples",
@@ -49,6 +51,7 @@ def test_stall_samples_decode_with_labels() -> None:
 
 
 def test_empty_profile_is_valid() -> None:
+    # Oracle: Google's profile.proto and pprof's validity rules (tests/pprof_read.py)
     p = _decode(Profile())
     assert list(p.string_table)[0] == "" and len(p.sample) == 0
 
@@ -93,7 +96,9 @@ def _varints(b: object) -> list[int]:
 def test_wire_format_matches_pprof_field_numbers() -> None:
     """profile.proto: sample_type 1 {type 1, unit 2}, sample 2 {location_id 1, value 2, label 3 {key 1, num 3}},
     location 4 {id 1, line 4 {function_id 1}}, function 5 {id 1, name 2}, string_table 6, duration_nanos 10,
-    comment 13 (indices into string_table)."""
+    comment 13 (indices into string_table).
+
+    Oracle: `protoc --decode_raw`, which reads the wire format with no schema at all."""
     prof = Profile(samples=[Sample((MAIN, Frame("leaf", FrameKind.NATIVE)), 7, pid=42)], start_ns=10, end_ns=110,
                    counters={"lost": 2})
     msg = _decode_raw(gzip.decompress(get_exporter("pprof").render(prof)))
@@ -110,3 +115,21 @@ def test_wire_format_matches_pprof_field_numbers() -> None:
     assert strings[label[1]] == "pid" and label[3] == 42
     assert dict(msg)[10] == 100
     assert [strings[i] for i in _varints(dict(msg)[13])] == ["lost=2"]
+
+
+# Fields pprof added after the 2021 profile.proto Debian ships (upstream: Line.column in 2023, doc_url in 2024).
+NEWER_THAN_DEBIANS = {("Profile", 15, "doc_url"), ("Line", 3, "column")}
+
+
+def test_our_schema_is_googles() -> None:
+    """Oracle: Google's profile.proto (tests/pprof_read.py): every field of our copy has its name, number, type
+    and cardinality there, but the two pprof added after Debian's copy."""
+    google = _schema()
+    for name, mine in ours.DESCRIPTOR.message_types_by_name.items():
+        theirs = google.DESCRIPTOR.message_types_by_name[name]
+        for f in mine.fields:
+            if (name, f.number, f.name) in NEWER_THAN_DEBIANS:
+                assert f.number not in theirs.fields_by_number, (name, f.name)
+                continue
+            t = theirs.fields_by_number[f.number]
+            assert (t.name, t.type, t.is_repeated) == (f.name, f.type, f.is_repeated), (name, f.name)

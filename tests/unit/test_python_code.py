@@ -117,6 +117,7 @@ def child(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def test_resolve_names(child: Child) -> None:
+    # Oracle: each interpreter's own code objects (co_qualname, co_filename, co_firstlineno), printed by the child
     with CodeResolver(child.proc.pid, child.layout) as r:
         for c in child.codes[:3]:
             info = r.resolve(c["addr"])
@@ -135,6 +136,7 @@ def test_resolve_names(child: Child) -> None:
 def test_every_instruction_line(child: Child) -> None:
     """line_for agrees with the interpreter for every code unit of every code object, under the convention
     the BPF side uses (3.10: f_lasti; 3.11+: byte offset of the instruction from the code object)."""
+    # Oracle: each interpreter's own instruction -> line map (co_lines / co_lnotab), printed by the child
     lay = child.layout
     checked = 0
     with CodeResolver(child.proc.pid, lay) as r:
@@ -153,6 +155,7 @@ def test_every_instruction_line(child: Child) -> None:
 
 
 def test_hot_line(child: Child) -> None:
+    # Oracle: the child's source (the hot line is its function's fourth line) and its own line map
     hot = child.codes[0]
     lay = child.layout
     with CodeResolver(child.proc.pid, lay) as r:
@@ -169,6 +172,7 @@ def test_hot_line(child: Child) -> None:
 def test_code_adaptive_offset_holds_the_bytecode(child: Child) -> None:
     """The bytecode is where the table says: inline at co_code_adaptive (3.11+; opcodes of a never-run function
     match co_code), or in the bytes object co_code points to (3.10)."""
+    # Oracle: the child's own co_code bytes, printed by it
     c = child.codes[2]  # emoji_file: never called, so never specialised
     code = bytes.fromhex(c["co_code"])
     with ProcessMemory(child.proc.pid) as mem:
@@ -244,5 +248,6 @@ def _compact(lay: PyLayout, text: str) -> bytes:
 @FUZZ
 @given(st.sampled_from(LAYOUTS), st.text(st.characters(codec=None, exclude_categories=()), max_size=50))
 def test_decode_unicode_roundtrip(lay: PyLayout, text: str) -> None:
+    # Oracle: CPython's compact unicode layout, laid out by hand here (_compact) for each version
     blob = _compact(lay, text)
     assert decode_unicode(lambda a, n: blob[a : a + n], 0, lay) == text

@@ -19,22 +19,26 @@ EVAL = "_PyEval_EvalFrameDefault"
 
 
 def test_runs_310_one_per_frame() -> None:
+    # Oracle: by construction — 3.10 frames, one evaluator call each (CPython 3.10's ceval)
     frames = [RawPyFrame(3, 0), RawPyFrame(2, 0), RawPyFrame(1, 0)]  # newest first
     assert python_runs(frames, (3, 10), -1) == [[frames[2]], [frames[1]], [frames[0]]]
 
 
 def test_runs_311_by_entry_flag() -> None:
+    # Oracle: by construction — 3.11 frames marked is_entry where the evaluator was entered (CPython 3.11)
     a, b, c = RawPyFrame(1, 0, is_entry=1), RawPyFrame(2, 0), RawPyFrame(3, 0, is_entry=1)
     assert python_runs([c, b, a], (3, 11), -1) == [[a, b], [c]]
 
 
 def test_runs_312_by_shim_and_shims_dropped() -> None:
+    # Oracle: by construction — 3.12's shim frames (owner FRAME_OWNED_BY_CSTACK) between runs
     shim1, a, b, shim2, c = (RawPyFrame(9, 0, owner=3), RawPyFrame(1, 0), RawPyFrame(2, 0),
                              RawPyFrame(9, 0, owner=3), RawPyFrame(3, 0))
     assert python_runs([c, shim2, b, a, shim1], (3, 12), 3) == [[a, b], [c]]
 
 
 def test_replace_when_counts_match() -> None:
+    # Oracle: by construction — two evaluator frames and two runs, built here
     native = [n("_start"), n("main"), n(EVAL), n("PyObject_Call"), n(EVAL), n("sqrt")]
     runs = [[RawPyFrame(1, 0), RawPyFrame(2, 0)], [RawPyFrame(3, 0)]]
     r = merge(native, runs, py_name)
@@ -43,6 +47,7 @@ def test_replace_when_counts_match() -> None:
 
 
 def test_splice_when_native_stops_early() -> None:
+    # Oracle: by construction — a walk cut short after one evaluator frame
     # the walk reached one evaluator frame: the newest run takes it, the older one goes at the root
     native = [n("[unknown]"), n(EVAL), n("PyNumber_Add"), n("long_add")]
     runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
@@ -52,11 +57,13 @@ def test_splice_when_native_stops_early() -> None:
 
 
 def test_splice_without_any_evaluator_frame_keeps_the_leaf() -> None:
+    # Oracle: by construction — a walk with no evaluator frame
     r = merge([n("garbage"), n("memcpy")], [[RawPyFrame(1, 0)]], py_name)
     assert [f.name for f in r.stack] == ["py1", "memcpy"] and r.spliced
 
 
 def test_mismatched_counts_on_complete_stack_are_marked() -> None:
+    # Oracle: by construction — one evaluator frame for two runs
     native = [n("_start"), n(EVAL), n("x")]
     runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
     r = merge(native, runs, py_name)
@@ -65,6 +72,7 @@ def test_mismatched_counts_on_complete_stack_are_marked() -> None:
 
 
 def test_no_python_frames_leaves_native_alone() -> None:
+    # Oracle: by construction — a stack without Python frames
     native = [n("_start"), n("main")]
     assert merge(native, [], py_name).stack == tuple(native)
 
@@ -74,6 +82,7 @@ def _interp(name: str, kind: FrameKind = FrameKind.NATIVE) -> Frame:
 
 
 def test_fold_drops_the_interpreter_frames_below_python_frames() -> None:
+    # Oracle: by construction — a stack written here with CPython's own function names
     stack = [
         _interp("_start"), Frame("__libc_start_main", module="libc.so.6"), _interp("Py_BytesMain"),
         Frame("main", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall"),
@@ -89,6 +98,7 @@ def test_fold_drops_the_interpreter_frames_below_python_frames() -> None:
 
 
 def test_fold_keeps_other_code_that_calls_into_python() -> None:
+    # Oracle: by construction — libtorch's thread calling into Python, written here
     lib = "libtorch_cpu.so"
     stack = [Frame("clone3", module="libc.so.6"), Frame("start_thread", module="libc.so.6"),
              Frame("Engine::thread_main", FrameKind.NATIVE_CPP, lib), _interp("PyObject_Call"),
@@ -98,12 +108,14 @@ def test_fold_keeps_other_code_that_calls_into_python() -> None:
 
 
 def test_fold_keeps_builtins_users_recognize() -> None:
+    # Oracle: by construction — time.sleep and gc under a Python frame
     stack = [Frame("loop", FrameKind.PYTHON), _interp("time_sleep"), _interp("gc_collect_main"),
              _interp("visit_decref")]
     assert [f.name for f in fold_interpreter(stack, "python3.11")] == ["loop", "time_sleep", "gc_collect_main"]
 
 
 def test_fold_leaves_stacks_without_python_frames_and_other_modules_alone() -> None:
+    # Oracle: by construction
     no_python = [_interp("_start"), _interp("python3.11+0x10a5f0", FrameKind.UNKNOWN)]
     assert fold_interpreter(no_python, "python3.11") == tuple(no_python)
     other = [Frame("f", FrameKind.PYTHON), _interp("_PyObject_MakeTpCall")]
@@ -112,6 +124,7 @@ def test_fold_leaves_stacks_without_python_frames_and_other_modules_alone() -> N
 
 
 def test_walker_complete_stack_with_unnamed_root_is_replaced_in_place() -> None:
+    # Oracle: by construction — a stripped interpreter's stack, as the CFI walker returns it
     # a stripped interpreter and libc: `_start` and `__libc_start_call_main` have no name, yet the CFI walker
     # reached the outermost frame; the Python runs belong at their evaluator frames, not at the root
     native = [n("python3.12+0x2c5a5"), n("libc.so.6+0x29d90"), n("Py_BytesMain"), n(EVAL), n("PyObject_Call"),
@@ -126,6 +139,7 @@ def test_walker_complete_stack_with_unnamed_root_is_replaced_in_place() -> None:
 
 
 def test_walker_complete_stack_with_an_extra_run_is_not_taken_for_a_cut_one() -> None:
+    # Oracle: by construction — one evaluator frame for two runs, complete or cut
     # complete per the walker but a run without its evaluator frame: no place is known, splice and mark it
     native = [n("libc.so.6+0x29d90"), n(EVAL), n("x")]
     runs = [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]]
@@ -136,6 +150,7 @@ def test_walker_complete_stack_with_an_extra_run_is_not_taken_for_a_cut_one() ->
 
 
 def test_walk_cut_short_matches_runs_from_the_leaf() -> None:
+    # Oracle: by construction — a walk that stopped after the two newest evaluator frames
     # the walk stopped (depth limit) after the two newest evaluator frames: the two newest runs go there, the
     # older one the walk never reached goes at the root
     native = [n("at::foo"), n(EVAL), n("torch_dispatch"), n(EVAL), n("at::add")]
@@ -146,12 +161,14 @@ def test_walk_cut_short_matches_runs_from_the_leaf() -> None:
 
 
 def test_truncated_python_frames_fill_the_newest_evaluator_frames() -> None:
+    # Oracle: by construction — one run for two evaluator frames
     native = [n("x"), n(EVAL), n("y"), n(EVAL), n("z")]
     r = merge(native, [[RawPyFrame(7, 0)]], py_name, complete=False)
     assert [f.name for f in r.stack] == ["x", EVAL, "y", "py7", "z"] and not r.spliced
 
 
 def test_complete_walk_with_mismatched_counts_still_splices_and_is_marked() -> None:
+    # Oracle: by construction — one evaluator frame for two runs
     native = [n("libc.so.6+0x29d90"), n(EVAL), n("x")]
     r = merge(native, [[RawPyFrame(1, 0)], [RawPyFrame(2, 0)]], py_name, complete=True)
     assert r.mismatched and not r.spliced

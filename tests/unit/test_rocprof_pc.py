@@ -89,6 +89,7 @@ CO = CodeObject(1, "d" * 64, ((0x1000, 0x200, "gemm_kernel"), (0x1200, 0x100, "r
 
 
 def test_host_trap_and_stochastic_records() -> None:
+    # Oracle: by construction — records laid out here in rocprofiler-sdk's pc_sampling.h structs
     data = (host_trap(1, 0x1040, corr=11) + host_trap(1, 0x1040, corr=11) + stochastic(1, 0x1210, 3, corr=12)
             + stochastic(1, 0x1210, 0, issued=1, inst=2, corr=12) + stochastic(1, 0x1008, 15)
             + stochastic(2, 0x99, 5) + host_trap(0, 0x7F0000001000))
@@ -136,6 +137,7 @@ def test_fuzzed_tails_give_one_line_errors(recs: list[bytes], junk: bytes) -> No
 
 
 def test_code_object_kernels_from_a_real_elf(tmp_path: Path) -> None:
+    # Oracle: readelf -s of the code object built here with gcc
     src = tmp_path / "k.c"
     src.write_text("int gemm_kernel(int a){return a*3+1;}\nint relu(int a){return a>0?a:0;}\n")
     so = tmp_path / "k.so"

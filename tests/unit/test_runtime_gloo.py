@@ -76,6 +76,7 @@ def _layout(ev: RawEvent) -> str:
 
 
 def test_context_constructor_gives_rank_and_world_size() -> None:
+    # Oracle: by construction — gloo::Context(rank, size) in SysV registers, garbage in the upper halves
     rt = GlooRuntime()
     ev = _one(rt, _call(CONTEXT_CALL, [CTX, 1 | 0xFFFF << 32, 4, 2]))
     assert (ev.kind, ev.call, ev.args["rank"], ev.args["world_size"], ev.args["context"]) == (
@@ -96,6 +97,7 @@ def test_context_with_rank_outside_its_size_is_flagged_and_not_used() -> None:
 
 
 def test_allreduce_bytes_count_rank_and_times() -> None:
+    # Oracle: by construction — an all-reduce of 1575424 4-byte elements, its option reads built here
     rt = _with_context(rank=1, size=2)
     ev = _one(rt, _call("gloo::allreduce", [0x7000], (CTX, 1575424, 4), start=100, end=900))
     assert (ev.kind, ev.call, ev.start_ns, ev.end_ns, ev.tid) == ("collective", "allreduce", 100, 900, WORKER)
@@ -105,6 +107,7 @@ def test_allreduce_bytes_count_rank_and_times() -> None:
 
 
 def test_every_collective_byte_rule() -> None:
+    # Oracle: by construction — each collective's option-struct reads (gloo's headers), sizes worked out here
     rt = _with_context(rank=0, size=2)
     buf = 0x9000  # an UnboundBuffer*: the second read, its size the third
     cases: list[tuple[str, tuple[int | None, ...], dict[str, int]]] = [
@@ -164,6 +167,7 @@ def test_bad_layouts_are_flagged() -> None:
 
 
 def test_context_read_from_memory_when_its_constructor_was_missed() -> None:
+    # Oracle: by construction — the context's rank and size in memory, laid out here
     rt = GlooRuntime()  # attached after the process group was made
     mem = FakeMemory({CTX: 1 | 2 << 32})
     ev = _one(rt, _call("gloo::allreduce", [0x7000], (CTX, 10, 4)), mem)
@@ -176,6 +180,7 @@ def test_context_read_from_memory_when_its_constructor_was_missed() -> None:
 
 
 def test_subgroup_collectives_keep_the_process_rank() -> None:
+    # Oracle: by construction — a 2-rank subgroup context inside a 4-rank job
     rt = _with_context(rank=3, size=4)
     sub = 0x5555_0000_2000
     _one(rt, _call(CONTEXT_CALL, [sub, 1, 2, 2]))
@@ -186,6 +191,7 @@ def test_subgroup_collectives_keep_the_process_rank() -> None:
 
 
 def test_algorithm_inside_another_is_not_counted_twice() -> None:
+    # Oracle: by construction — an all-gather called from inside an all-reduce
     rt = _with_context()
     ev = _one(rt, _call("gloo::allgather", [0x7000], (CTX, 0x9000, 16, 8), parent="gloo::allreduce"))
     assert ev.kind == "other" and ev.strs["inside"] == "allreduce"
@@ -195,6 +201,7 @@ def test_algorithm_inside_another_is_not_counted_twice() -> None:
 
 
 def test_transport_inside_a_collective_is_folded_into_it() -> None:
+    # Oracle: by construction — UnboundBuffer::send's registers and buffer size, built here
     rt = _with_context()
     # UnboundBuffer::send(this, peer, slot, offset, nbytes); nbytes SIZE_MAX: the buffer (size at +16) from offset
     assert rt.decode(_call(T_SEND, [0x9000, 1, 77, 0, U64_MAX], (4096,), parent="gloo::allreduce"), NoMemory()) == []
@@ -209,6 +216,7 @@ def test_transport_inside_a_collective_is_folded_into_it() -> None:
 
 
 def test_transport_outside_any_collective_is_its_own_event() -> None:
+    # Oracle: by construction — UnboundBuffer::recv's registers (peer, slot, offset, bytes)
     rt = _with_context(rank=0, size=2)
     ev = _one(rt, _call(T_RECV, [0x9000, 1 | 0xFFFF << 32, 5, 0, 300], (4096,)))
     assert (ev.kind, ev.call, ev.args["peer"], ev.args["bytes"], ev.args["slot"], ev.args["rank"]) == (
@@ -218,6 +226,7 @@ def test_transport_outside_any_collective_is_its_own_event() -> None:
 
 
 def test_send_and_recv_take_peer_tag_and_bytes_and_pair_with_their_wait() -> None:
+    # Oracle: by construction — ProcessGroupGloo::send's SysV registers, built here
     rt = _with_context(rank=0, size=2)
     # ProcessGroupGloo::send(return slot, this, tensors, dstRank, tag): the peer is in the 4th register
     rt.decode(_call(T_SEND, [0x9000, 1, 3, 0, U64_MAX], (4936,), tid=TID, parent=PG_SEND), NoMemory())

@@ -97,6 +97,7 @@ def test_specs_and_library() -> None:
 
 
 def test_module_create_keeps_the_zebin() -> None:
+    # Oracle: by construction — zeModuleCreate's registers and ze_module_desc_t (ze_api.h offsets); hashlib's sha256
     rt = LevelZeroRuntime()
     evs, code = split(rt.decode(module_call(ret=UNINIT), FakeMemory({IMAGE: ZEBIN})))
     (ev,) = evs
@@ -110,6 +111,7 @@ def test_module_create_keeps_the_zebin() -> None:
 
 
 def test_module_kinds() -> None:
+    # Oracle: by construction — a zebin (ELF) and SPIR-V's magic word, with the descriptor's format
     assert module_kind(ZEBIN, 1) == "zebin"
     assert module_kind(SPIRV, 0) == "spirv" and module_kind(SPIRV, 1) == "spirv"
     assert module_kind(b"\x01\x02\x03\x04", 0) == "spirv"  # IL format: SPIR-V by the descriptor's word
@@ -118,6 +120,7 @@ def test_module_kinds() -> None:
 
 
 def test_module_create_spirv_and_unknown_native() -> None:
+    # Oracle: by construction — a SPIR-V image and an unknown native one
     rt = LevelZeroRuntime()
     evs, code = split(rt.decode(module_call(size=len(SPIRV), fmt=0), FakeMemory({IMAGE: SPIRV})))
     assert code[0].kind == "spirv" and evs[0].strs["image"] == "spirv"
@@ -142,6 +145,7 @@ def test_module_create_failed_reads() -> None:
 
 
 def test_kernel_names_reach_launches() -> None:
+    # Oracle: by construction — zeKernelCreate's ze_kernel_desc_t name, then launches of that handle
     rt = LevelZeroRuntime()
     split(rt.decode(module_call(), FakeMemory({IMAGE: ZEBIN})))
     meta = one(rt, kernel_call(b"vector_add"))
@@ -167,6 +171,7 @@ def test_unknown_kernel_and_unread_group_counts() -> None:
 
 
 def test_kernel_name_falls_back_to_process_memory() -> None:
+    # Oracle: by construction — the kernel name placed in the target's memory here
     rt = LevelZeroRuntime()
     mem = FakeMemory({NAME_STR: b"from_memory\0"})
     assert one(rt, kernel_call(None), mem).strs == {"name": "from_memory"}  # the probe's read failed
@@ -182,6 +187,7 @@ def test_kernel_name_falls_back_to_process_memory() -> None:
 
 
 def test_failed_create_never_renames_a_known_handle() -> None:
+    # Oracle: by construction — a failed create leaves the caller's handle as it was
     rt = LevelZeroRuntime()
     one(rt, kernel_call(b"first"))
     # a failed create leaves the caller's variable (still KERNEL) untouched: the old name stays
@@ -213,6 +219,7 @@ def test_module_destroy_and_forget() -> None:
 
 
 def test_copies_submission_and_syncs() -> None:
+    # Oracle: by construction — each call's SysV registers in ze_api.h's argument order
     rt = LevelZeroRuntime()
     # (hCommandList, dst, src, size, hSignalEvent, numWaitEvents, phWaitEvents)
     cp = one(rt, call("zeCommandListAppendMemoryCopy", (LIST, 0xD000, 0x5000, 4096, 0, 0xFFFF_0000_0000_0001)))

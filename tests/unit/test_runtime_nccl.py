@@ -67,6 +67,7 @@ def test_specs_probe_both_names_and_want_only_libnccl() -> None:
 
 
 def test_allreduce_registers_and_stack() -> None:
+    # Oracle: by construction — ncclAllReduce's arguments in SysV registers and at SP+8 (nccl.h's order)
     # (send, recv, count, dtype, op, comm, stream): stream is the 7th argument, read at SP+8
     ev = one(NcclRuntime(), call("ncclAllReduce", (0x1000, 0x2000, 1000, GARBAGE | 7, GARBAGE | 0, COMM),
                                  (STREAM, 0, 0), ret=4))
@@ -77,6 +78,7 @@ def test_allreduce_registers_and_stack() -> None:
 
 
 def test_reduce_takes_comm_and_stream_from_the_stack() -> None:
+    # Oracle: by construction — ncclReduce's 7th and 8th arguments on the stack
     # (send, recv, count, dtype, op, root, comm, stream)
     ev = one(NcclRuntime(), call("ncclReduce", (1, 2, 64, 8, 3, GARBAGE | 1), (COMM, STREAM, 0)))
     assert ev.args == {"count": 64, "dtype": 8, "bytes": 512, "op": 3, "root": 1, "comm": COMM,
@@ -91,6 +93,7 @@ def test_failed_stack_reads_leave_the_arguments_out() -> None:
 
 
 def test_p2p_and_bcast_layouts() -> None:
+    # Oracle: by construction — ncclSend/ncclRecv/ncclBcast arguments in nccl.h's order
     rt = NcclRuntime()
     send = one(rt, call("ncclSend", (0x1000, 10, GARBAGE | 2, GARBAGE | 1, COMM, STREAM)))
     assert send.args == {"count": 10, "dtype": 2, "bytes": 40, "peer": 1, "comm": COMM, "stream": STREAM, "ret": 0}
@@ -101,6 +104,7 @@ def test_p2p_and_bcast_layouts() -> None:
 
 
 def test_broadcast_inside_bcast_is_not_counted_twice() -> None:
+    # Oracle: by construction — ncclBroadcast called from inside ncclBcast
     rt = NcclRuntime()
     regs = (0x1000, 0x1000, 33, 1, 0, COMM)
     assert rt.decode(call("ncclBroadcast", regs, (0,), parent="ncclBcast"), FakeMemory()) == []
@@ -109,6 +113,7 @@ def test_broadcast_inside_bcast_is_not_counted_twice() -> None:
 
 
 def test_config_variants_report_the_plain_name() -> None:
+    # Oracle: by construction — the *Config variants' extra argument after the stream
     rt = NcclRuntime()
     ev = one(rt, call("ncclAllReduceConfig", (1, 2, 500, 7, 4, COMM), (STREAM, 0xC0F, 0)))
     assert (ev.call, ev.args["config"], ev.args["stream"], ev.strs["op"]) == ("ncclAllReduce", 0xC0F, STREAM, "avg")
@@ -119,6 +124,7 @@ def test_config_variants_report_the_plain_name() -> None:
 
 
 def test_comm_init_gives_later_collectives_their_rank() -> None:
+    # Oracle: by construction — ncclCommInitRank(comm*, nranks, id, rank) built here
     rt = NcclRuntime()
     meta = init_rank(rt, COMM, nranks=8, rank=3)
     assert (meta.kind, meta.call) == ("meta", "ncclCommInitRank")
@@ -142,12 +148,14 @@ def test_failed_init_reports_the_request_but_names_no_communicator() -> None:
 
 
 def test_nonblocking_init_in_progress_counts_as_created() -> None:
+    # Oracle: by construction — ncclInProgress (7) from a nonblocking init
     rt = NcclRuntime()
     init_rank(rt, COMM, nranks=4, rank=2, ret=7)
     assert one(rt, call("ncclSend", (1, 1, 7, 0, COMM, 0))).args["rank"] == 2
 
 
 def test_init_rank_config_reads_the_comm_name() -> None:
+    # Oracle: by construction — ncclConfig_t's size, magic, version and commName read here
     rt = NcclRuntime()
     # (comm*, nranks, id, rank, config): derefs = id[0:8], config->size, config->magic|version, config->commName
     derefs = (0xABCD, 120, (23203 << 32) | 0xCAFEBEEF, 0x404000)
@@ -166,6 +174,7 @@ def test_init_rank_config_reads_the_comm_name() -> None:
 
 
 def test_init_all_registers_every_communicator() -> None:
+    # Oracle: by construction — ncclCommInitAll's array of communicators in memory
     rt = NcclRuntime()
     array = 0x7FFD_0000_3000
     comms = [COMM, COMM + 0x100, COMM + 0x200]
@@ -186,6 +195,7 @@ def test_init_all_with_the_array_gone_keeps_the_first() -> None:
 
 
 def test_split_then_rank_queries_fill_in_the_new_communicator() -> None:
+    # Oracle: by construction — ncclCommSplit's colour and key, then rank queries
     rt = NcclRuntime()
     init_rank(rt, COMM, nranks=8, rank=5)
     child = COMM + 0x900
@@ -217,6 +227,7 @@ def test_destroy_and_forget_drop_communicators() -> None:
 
 
 def test_group_marks_the_calls_inside_it() -> None:
+    # Oracle: by construction — calls between ncclGroupStart and ncclGroupEnd on one thread
     rt = NcclRuntime()
     start = one(rt, call("ncclGroupStart"))
     assert (start.kind, start.args) == ("meta", {"depth": 1, "ret": 0})

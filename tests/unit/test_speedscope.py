@@ -42,6 +42,7 @@ PROFILE = Profile(
 
 
 def test_top_level_fields() -> None:
+    # Oracle: speedscope's file-format schema (speedscope.app/file-format-schema.json), field by field
     doc = export(PROFILE)
     assert doc["$schema"] == SCHEMA == "https://www.speedscope.app/file-format-schema.json"
     assert doc["exporter"] == "aiflame"
@@ -51,6 +52,7 @@ def test_top_level_fields() -> None:
 
 
 def test_shared_frames_are_deduplicated_with_file_and_line() -> None:
+    # Oracle: speedscope's file format: shared frames with file and line; PROFILE by construction
     doc = export(PROFILE)
     frames = doc["shared"]["frames"]
     assert len(frames) == 4
@@ -62,6 +64,7 @@ def test_shared_frames_are_deduplicated_with_file_and_line() -> None:
 
 
 def test_one_sampled_profile_per_pid() -> None:
+    # Oracle: speedscope's file format (sampled profiles); PROFILE's pids by construction
     doc = export(PROFILE)
     profiles = doc["profiles"]
     assert [p["name"] for p in profiles] == ["all", "pid 7", "python3 (pid 42)"]
@@ -85,11 +88,13 @@ def test_one_sampled_profile_per_pid() -> None:
      ("events", "none")],
 )
 def test_units(unit: str, expected: str) -> None:
+    # Oracle: speedscope's file format: its ValueUnit names
     doc = export(Profile(samples=[Sample((MAIN,), 1)], unit=unit))
     assert doc["profiles"][0]["unit"] == expected
 
 
 def test_time_order_and_merged_neighbours() -> None:
+    # Oracle: by construction — samples given out of time order
     profile = Profile(
         samples=[
             Sample((MAIN, STEP), 1, pid=1, time_ns=300),
@@ -104,6 +109,7 @@ def test_time_order_and_merged_neighbours() -> None:
 
 
 def test_non_positive_weights_are_dropped() -> None:
+    # Oracle: by construction — weights 0, -1 and 4
     doc = export(Profile(samples=[Sample((MAIN,), 0), Sample((STEP,), -1), Sample((READ,), 4)]))
     [p] = doc["profiles"]
     assert p["weights"] == [4]
@@ -111,6 +117,7 @@ def test_non_positive_weights_are_dropped() -> None:
 
 
 def test_empty_profile_is_still_a_valid_document() -> None:
+    # Oracle: speedscope's file format: a sampled profile with no samples
     doc = export(Profile())
     assert doc["shared"]["frames"] == []
     assert doc["profiles"] == [
@@ -145,6 +152,7 @@ samples = st.builds(
 @settings(max_examples=150, deadline=None)
 @given(st.lists(samples, max_size=20))
 def test_weights_and_stacks_match_the_profile(items: list[Sample]) -> None:
+    # Oracle: speedscope's file format, read back by the test (frame indices into shared frames)
     profile = Profile(samples=items)
     doc = export(profile)
     frame_count = len(doc["shared"]["frames"])

@@ -25,11 +25,13 @@ def _profile(user: tuple[int, ...]) -> list[tuple[str, FrameKind, str]]:
 
 
 def test_mapped_chain_is_kept_whole() -> None:
+    # Oracle: by construction — every address inside /bin/true's text mapping
     stack = _profile((0x401000, 0x402000, 0x403000))  # leaf first
     assert len(stack) == 3 and all(module == "true" for _, _, module in stack)
 
 
 def test_chain_that_leaves_the_mappings_ends_in_one_marker() -> None:
+    # Oracle: by construction — an unmapped address third in the chain
     # leaf, its caller, then garbage: an unmapped address, and beyond it values that happen to be mapped
     stack = _profile((0x401000, 0x402000, 0x7F0000001234, 0x405000, 0x9999, 0x406000))
     assert stack[0] == ("[unwind stopped]", FrameKind.UNKNOWN, "")
@@ -38,10 +40,12 @@ def test_chain_that_leaves_the_mappings_ends_in_one_marker() -> None:
 
 
 def test_unmapped_leaf_is_one_marker() -> None:
+    # Oracle: by construction — no address mapped
     assert _profile((0x10, 0x20, 0x30)) == [("[unwind stopped]", FrameKind.UNKNOWN, "")]
 
 
 def test_fileless_mappings_are_named_by_kind() -> None:
+    # Oracle: by construction — anonymous, [vdso] and [anon:jit] mappings built here
     maps = [TEXT, Mapping(0x500000, 0x501000, 0, ""), Mapping(0x600000, 0x601000, 0, "[vdso]"),
             Mapping(0x700000, 0x701000, 0, "[anon:jit]")]
     cap = Capture(CaptureHeader(1, target="test"))

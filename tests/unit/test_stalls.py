@@ -13,7 +13,6 @@ from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, Raw
 from aiflame.exporters.folded import folded_lines
 from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
-from aiflame.symbolize.accel.sass import find_nvdisasm
 from aiflame.symbolize.stalls import (
     STALL_UNIT,
     _diffuse,
@@ -23,6 +22,7 @@ from aiflame.symbolize.stalls import (
     stall_profile,
 )
 from tests.cuda_build import KernelPrograms, kernel_programs
+from tests.nvdisasm_read import nvdisasm_lines, nvdisasm_sass, squeeze
 
 SCALE = "_Z5scalePffi"
 ADD = "_Z3addPKfS0_Pfi"
@@ -67,37 +67,13 @@ def _cap(stalls: list[RawStallSample], code: list[GpuCode], counters: dict[str, 
     return Capture(CaptureHeader(1), gpu_code=code, stalls=stalls, footer=CaptureFooter(counters=counters or {}))
 
 
-def _nvdisasm_lines(cubin: bytes) -> dict[tuple[str, int], str]:
-    """(function, offset) -> the instruction as `nvdisasm -json` gives it (predicate, opcode, operands, spaces
-    removed): nvdisasm is the oracle, read without aiflame's parser of its text output. Required (make setup)."""
-    import json
-    import subprocess
-    import tempfile
-
-    tool = find_nvdisasm()
-    assert tool is not None, "make setup installs nvidia-cuda-nvdisasm"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([str(tool), "-json", f.name], capture_output=True, text=True, check=True).stdout
-    lines: dict[tuple[str, int], str] = {}
-    for fn in json.loads(out)[1]:
-        for i, ins in enumerate(fn["sass-instructions"]):
-            text = ins.get("predicate", "") + ins["opcode"] + ins.get("operands", "")
-            lines[(fn["function-name"], i * 16)] = "".join(text.split())
-    return lines
-
-
-def _squeeze(text: str) -> str:
-    return "".join(text.split())
-
-
 def test_reason_labels() -> None:
     assert reason_label(LONG_SB) == "long_scoreboard"
     assert reason_label("sbid") == "sbid" and reason_label("") == "[unknown reason]"
 
 
 def test_layout_sources_and_sass_at_real_offsets(cubin90: GpuCode) -> None:
+    # Oracle: nvdisasm -json (SASS text), nvdisasm -g (lines); the 3:1 launch split by construction
     c = parse_cubin(cubin90.data)
     table = c.lines().table(SCALE)
     offsets = sorted({r.start for r in table})[:6]
@@ -105,7 +81,7 @@ def test_layout_sources_and_sass_at_real_offsets(cubin90: GpuCode) -> None:
               for i, off in enumerate(offsets)]
     prof = stall_profile(_cap(stalls, [cubin90]), Profile(events=_launches()))
     assert prof.unit == STALL_UNIT and prof.total_weight == sum(s.count for s in stalls)
-    raw = _nvdisasm_lines(c.data)
+    raw, src_lines = nvdisasm_sass(c.data), nvdisasm_lines(c.data)[SCALE]
     for s in prof.samples:
         st = s.stack
         cpu, gpu = st[:4], st[4:]
@@ -114,11 +90,11 @@ def test_layout_sources_and_sass_at_real_offsets(cubin90: GpuCode) -> None:
                                          FrameKind.ACCEL_INSTR, FrameKind.STALL]
         assert gpu[1].name == "scale"
         off = int(gpu[3].name.split()[0], 16)
-        file, line = c.lines().lookup(SCALE, off) or ("", 0)
+        file, line = src_lines[off] or ("", 0)  # nvdisasm -g's line of that instruction
         assert gpu[2].file == file and gpu[2].line == line and gpu[2].name.endswith(f"kernels.cu:{line}")
         # nvdisasm itself is the oracle: its own line for that offset holds the frame's instruction text.
         text = gpu[3].name.split(" ", 1)[1]
-        assert _squeeze(text).rstrip(";") == raw[(SCALE, off)], (text, raw[(SCALE, off)])
+        assert squeeze(text) == raw[(SCALE, off)], (text, raw[(SCALE, off)])
         assert gpu[4].name in ("long_scoreboard", "wait")
     # 3:1 launches from two stacks: each leaf keeps its count, stacks get ~3/4 and ~1/4 of the total.
     by_cpu = Counter[tuple[Frame, ...]]()
@@ -134,6 +110,7 @@ def test_layout_sources_and_sass_at_real_offsets(cubin90: GpuCode) -> None:
 
 
 def test_correlation_id_wins_over_sharing(cubin90: GpuCode) -> None:
+    # Oracle: by construction — stall samples whose correlation id names one launch
     stalls = [RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, WAIT, 5, correlation_id=42),
               RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, WAIT, 2, correlation_id=43)]
     prof = stall_profile(_cap(stalls, [cubin90]), Profile(events=_launches()), sass=False)
@@ -142,6 +119,7 @@ def test_correlation_id_wins_over_sharing(cubin90: GpuCode) -> None:
 
 
 def test_unknown_launch_kernel_and_code_are_kept_and_counted(cubin90: GpuCode) -> None:
+    # Oracle: by construction — a kernel never launched, a pid with no launch, an unmapped Xe IP
     stalls = [
         RawStallSample("cupti", 7, 0, cubin90.digest, "_Z5neverv", 0x10, WAIT, 3),  # never launched
         RawStallSample("cupti", 8, 0, "", SCALE, 0x10, WAIT, 2),  # other pid: no launch there
@@ -168,6 +146,7 @@ def test_unknown_launch_kernel_and_code_are_kept_and_counted(cubin90: GpuCode) -
 
 
 def test_combined_view_keeps_both(cubin90: GpuCode) -> None:
+    # Oracle: by construction — 11 CPU samples and 5 stall samples put in here
     cpu = Profile(samples=[Sample(MAIN_A, 11)], events=_launches(), counters={"lost": 1})
     stalls = stall_profile(_cap([RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0, WAIT, 5)], [cubin90]), cpu,
                            sass=False)
@@ -179,6 +158,7 @@ def test_combined_view_keeps_both(cubin90: GpuCode) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 10**6), st.lists(st.integers(1, 1000), min_size=1, max_size=8))
 def test_share_is_exact(total: int, weights: list[int]) -> None:
+    # Oracle: arithmetic: each part within 1 of total x weight / sum, worked out here
     parts = share(total, weights)
     assert sum(parts) == total
     for p, w in zip(parts, weights, strict=True):
@@ -188,6 +168,7 @@ def test_share_is_exact(total: int, weights: list[int]) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=30), st.lists(st.integers(1, 20), min_size=1, max_size=6))
 def test_diffusion_keeps_leaves_exact_and_stacks_near_share(counts: list[int], weights: list[int]) -> None:
+    # Oracle: arithmetic: every leaf's count kept, each stack within one of its share
     leaves = [(i, (), n) for i, n in enumerate(counts)]
     per_stack = [0] * len(weights)
     for _key, _gpu, n, parts in _diffuse(leaves, weights):  # type: ignore[arg-type]
@@ -199,6 +180,7 @@ def test_diffusion_keeps_leaves_exact_and_stacks_near_share(counts: list[int], w
 
 
 def test_not_issued_samples_are_a_frame_under_their_reason(cubin90: GpuCode) -> None:
+    # Oracle: CUPTI's documentation of `_not_issued`; counts by construction
     stalls = [RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB, 3, correlation_id=42),
               RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB, 7, correlation_id=42,
                              not_issued=True)]
@@ -211,6 +193,7 @@ def test_not_issued_samples_are_a_frame_under_their_reason(cubin90: GpuCode) -> 
 def test_legacy_captures_count_not_issued_once(cubin90: GpuCode) -> None:
     """Captures written before the split hold `<reason>_not_issued` as a reason beside the reason's full count
     (as the H200's mlp capture did): read, it becomes the not-issued part of its reason."""
+    # Oracle: CUPTI's documentation of `_not_issued`; counts by construction
     stalls = [RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB, 10, correlation_id=42),
               RawStallSample("cupti", 7, 0, cubin90.digest, ADD, 0x40, LONG_SB + "_not_issued", 7,
                              correlation_id=42),
@@ -226,6 +209,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
     """The real stream (tests/data/cupti/README.md) through the stall view: every sample lands on a kernel of the
     cubin CUPTI handed over, at an instruction nvdisasm prints and a line of two_kernels.cu; not-issued samples
     sit under their reason; the total is CUPTI's own batch total."""
+    # Oracle: nvdisasm -json of the cubin CUPTI handed over on an H100; CUPTI's own batch total
     from pathlib import Path
 
     from aiflame.agent.accel.cupti import stalls_from_stream
@@ -238,7 +222,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
                 for k in ("stream_axpy", "fma_chain")]
     prof = stall_profile(_cap(samples, code), Profile(events=launches))
     assert prof.total_weight == sum(b.total_samples for b in s.batches) == 12954
-    raw = _nvdisasm_lines(code[0].data)
+    raw = nvdisasm_sass(code[0].data)
     by_kernel: Counter[str] = Counter()
     for smp in prof.samples:
         names = [f.name for f in smp.stack]
@@ -247,7 +231,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
         assert gpu[1].startswith("two_kernels.cu:") and int(gpu[1].split(":")[1]) > 0
         off, text = gpu[2].split(" ", 1)
         mangled = "_Z11stream_axpyPK6float4PS_fm" if gpu[0] == "stream_axpy" else "_Z9fma_chainPfi"
-        assert _squeeze(text).rstrip(";") == raw[(mangled, int(off, 16))]  # nvdisasm's own reading
+        assert squeeze(text) == raw[(mangled, int(off, 16))]  # nvdisasm's own reading
         assert len(gpu) == 4 or gpu[4] == "not issued"
         by_kernel[gpu[0]] += smp.weight
     assert set(by_kernel) == {"stream_axpy", "fma_chain"}

@@ -9,6 +9,7 @@ from aiflame.core.model import EventKind, Frame, Profile, TraceEvent
 
 
 def test_tables_total_per_key() -> None:
+    # Oracle: by construction — copies, syncs and collectives with their sizes and times put in here
     ev = [
         TraceEvent("scale", EventKind.COMPUTE, 1, 5, 1, 1, stack=(Frame("main"), Frame("launch_scale"))),
         TraceEvent("cudaMemcpy", EventKind.COPY, 2, 2_000_000, 1, 1, args={"bytes": 4096, "direction": "HtoD"}),
@@ -44,6 +45,7 @@ def test_stall_counters_keep_their_bracketed_names() -> None:
 def test_launch_records_count_the_launches_they_stand_for() -> None:
     """A record kept past the launch budget stands for the launches BPF counted since its kernel's last record
     (args "calls"): the launch view and the summary count launches, not records."""
+    # Oracle: by construction — records standing for the launches BPF counted (args "calls")
     from aiflame.core.model import SEPARATOR
     from aiflame.symbolize.events import UNSAMPLED_LAUNCH, launch_profile
 

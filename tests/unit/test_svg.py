@@ -1,4 +1,6 @@
-"""The interactive flame graph SVG: layout, labels, options, escaping and the embedded script."""
+"""The interactive flame graph SVG: layout, labels, options, escaping and the embedded script.
+
+Past 400 lines by one `Oracle:` line per truth check (issue #30), kept in one file with its fixtures."""
 
 from __future__ import annotations
 
@@ -86,6 +88,7 @@ KNOWN = Profile(
 
 
 def test_root_frame_has_total_and_full_percentage() -> None:
+    # Oracle: by construction — KNOWN holds 100 samples
     _, drawn = render(KNOWN)
     roots = [f for f in drawn if f.label == "all"]
     assert len(roots) == 1
@@ -97,6 +100,7 @@ def test_root_frame_has_total_and_full_percentage() -> None:
 
 
 def test_known_profile_layout() -> None:
+    # Oracle: by construction — KNOWN's weights in pixels at flamegraph.pl's layout (1200 px, 10 px pads)
     _, drawn = render(KNOWN)
     px = (1200 - 2 * XPAD) / 100  # pixels per sample
     root_y = max(f.y for f in drawn)
@@ -148,11 +152,13 @@ def check_geometry(drawn: list[Drawn], total: int, width: int, inverted: bool = 
 
 
 def test_children_lie_within_parents_one_row_up() -> None:
+    # Oracle: flame graph geometry (check_geometry): each child inside its parent, one row up
     _, drawn = render(KNOWN)
     check_geometry(drawn, 100, 1200)
 
 
 def test_inverted_flips_rows() -> None:
+    # Oracle: by construction — the same frames, rows mirrored
     _, normal = render(KNOWN)
     _, inverted = render(KNOWN, inverted=True)
     root_n = next(f for f in normal if f.label == "all")
@@ -187,12 +193,14 @@ def test_no_subtitle_element_by_default() -> None:
 
 
 def test_width_option_scales_everything() -> None:
+    # Oracle: flame graph geometry (check_geometry) at 500 px
     _, drawn = render(KNOWN, width=500)
     check_geometry(drawn, 100, 500)
     assert next(f for f in drawn if f.label == "all").width == pytest.approx(500 - 2 * XPAD)
 
 
 def test_names_are_escaped() -> None:
+    # Oracle: the XML parser (xml.etree) reads the names back whole
     nasty = "op<T>&\"quoted\" 'x' ]]> </script>"
     profile = Profile(samples=[Sample((Frame(nasty), Frame("ctl\x01\x1f")), 5)])
     data = SvgExporter().render(profile)
@@ -204,6 +212,7 @@ def test_names_are_escaped() -> None:
 
 
 def test_minwidth_prunes_narrow_frames_but_keeps_their_weight() -> None:
+    # Oracle: by construction — one sample in 100,001 is narrower than the minimum width
     profile = Profile(
         samples=[Sample(stack("main", "big"), 100_000), Sample(stack("main", "tiny", "deeper"), 1)]
     )
@@ -282,6 +291,7 @@ def test_labels_are_cut_to_fit() -> None:
 
 
 def test_countname_and_unit() -> None:
+    # Oracle: by construction — 1500 ns in one frame
     profile = Profile(samples=[Sample(stack("f"), 1500)], unit="ns")
     _, drawn = render(profile)
     assert next(f for f in drawn if f.label == "f").title == "f (1500 ns, 100.00%)"
@@ -306,6 +316,7 @@ def test_empty_profile_says_no_samples(profile: Profile) -> None:
 
 
 def test_empty_stack_counts_in_root_only() -> None:
+    # Oracle: by construction — 3 samples with an empty stack, 1 in a
     _, drawn = render(Profile(samples=[Sample((), 3), Sample(stack("a"), 1)]))
     assert {(f.label, f.samples) for f in drawn} == {("all", 4), ("a", 1)}
 
@@ -334,6 +345,7 @@ def test_script_is_embedded_with_zoom_and_search() -> None:
 
 
 def test_script_config_cannot_close_cdata() -> None:
+    # Oracle: the XML parser (xml.etree) accepts the document
     data = SvgExporter(countname="x]]><b>&").render(KNOWN)
     assert data.count(b"]]>") == 2  # the style's and the script's own CDATA ends
     ET.fromstring(data)
@@ -341,6 +353,7 @@ def test_script_config_cannot_close_cdata() -> None:
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_script_is_valid_javascript(tmp_path: Path) -> None:
+    # Oracle: node --check (V8's parser)
     path = tmp_path / "flamegraph.js"
     path.write_text(script_of(SvgExporter(countname="it's \"q\"").render(KNOWN)), encoding="utf-8")
     result = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True, timeout=60)
@@ -360,6 +373,7 @@ random_profiles = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(random_profiles, st.booleans())
 def test_layout_matches_a_prefix_tree(profile: Profile, inverted: bool) -> None:
+    # Oracle: a prefix tree of label paths, built here the slow obvious way
     # Reference: weight of every label path, computed the slow obvious way.
     paths: Counter[tuple[str, ...]] = Counter()
     for sample in profile.samples:

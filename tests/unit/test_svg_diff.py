@@ -26,6 +26,7 @@ def _diff(before: Profile, normalize: bool) -> SvgExporter:
 
 
 def test_raw_and_normalized_deltas() -> None:
+    # Oracle: by construction — the before and after folded texts differ by known counts
     before, after = parse_folded(BEFORE), parse_folded(AFTER)
     raw = _frames(_diff(before, False).render(after))
     assert raw["a"] == ("100", "rgb(255,150,150)")  # half of the largest change (the root, +200)
@@ -38,6 +39,7 @@ def test_raw_and_normalized_deltas() -> None:
 
 
 def test_tooltip_says_the_change_and_plain_graphs_do_not() -> None:
+    # Oracle: by construction — a frame that went from 50 to 150 samples
     svg = _diff(parse_folded(BEFORE), False).render(parse_folded(AFTER)).decode()
     assert "(150 samples, 50.00%; +100 vs baseline)" in svg and '"differential": true' in svg
     plain = SvgExporter().render(parse_folded(AFTER)).decode()
@@ -45,6 +47,7 @@ def test_tooltip_says_the_change_and_plain_graphs_do_not() -> None:
 
 
 def test_java_palette_folded() -> None:
+    # Oracle: flamegraph.pl's java palette annotations (_[i] inlined, _[j] JIT), written out here
     prof = parse_folded("main;-;k_[G];k.cu:3_[G];+0x0010 FFMA_[g];wait_[g] 2\nmain;do_sys_[k] 1\n")
     text = FoldedExporter(palette="java").render(prof).decode()
     assert text.splitlines() == ["main;-;k_[i];k.cu:3_[i];+0x0010 FFMA_[j];wait_[j] 2", "main;do_sys_[k] 1"]

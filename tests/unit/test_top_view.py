@@ -16,6 +16,7 @@ def _py(name: str) -> Frame:
 
 
 def test_functions_by_self_and_total() -> None:
+    # Oracle: py-spy top's ranking rules (self: the leaf; total: once per sample); counts by construction
     main, step, fwd, load = _py("main"), _py("step"), _py("forward"), _py("load_batch")
     memcpy = Frame("__memmove_avx_unaligned_erms", FrameKind.NATIVE, "libc.so.6")
     prof = Profile(samples=[
@@ -50,6 +51,7 @@ def test_the_leaf_is_never_cut_at_80_columns() -> None:
 @given(st.lists(st.tuples(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6), st.integers(1, 50)),
                 max_size=20))
 def test_self_and_total_invariants(stacks: list[tuple[list[str], int]]) -> None:
+    # Oracle: py-spy top's rules, worked out here for each random profile
     prof = Profile(samples=[Sample(tuple(Frame(n, FrameKind.NATIVE) for n in names), w) for names, w in stacks])
     v = view_of(prof, "test", top=100)
     assert sum(own for own, _, _ in v.functions) == v.samples  # every sample's leaf counted once

@@ -24,6 +24,7 @@ def _note(pc: int, base: int, sem: int, provider: bytes, name: bytes, args: byte
 
 
 def test_args() -> None:
+    # Oracle: by construction — SDT argument strings in GNU as's operand syntax (SystemTap's sdt.h)
     assert parse_args("8@%rdi -4@$5 8@-16(%rbp) 2@(%r12) 8@%eax") == (
         UsdtArg(8, False, "reg", REGISTERS.index("rdi")), UsdtArg(4, True, "const", value=5),
         UsdtArg(8, False, "mem", REGISTERS.index("rbp"), -16), UsdtArg(2, False, "mem", REGISTERS.index("r12")),
@@ -38,6 +39,7 @@ def test_bad_args(bad: str) -> None:
 
 
 def test_notes_and_base_adjustment() -> None:
+    # Oracle: by construction — stapsdt notes laid out here as SystemTap documents them
     data = _note(0x1000, 0x2000, 0x4000, b"level_zero", b"launch_kernel", b"8@%rdi 8@%rax") + \
         _note(0, 0, 0, b"x", b"y", b"", owner=b"GNU") + _note(0x1100, 0x2000, 0, b"p", b"n", b"")
     notes = parse_notes(data, base_addr=0x2100)  # prelinked 0x100 higher

@@ -44,6 +44,7 @@ def record(platform: str, ip: int, counts: dict[str, int], ex_id: int = 0, end: 
 
 @pytest.mark.parametrize("platform", ["pvc", "xe2", "xe3p"])
 def test_every_field_of_every_platform(platform: str) -> None:
+    # Oracle: by construction — records built bit by bit from the fact sheet's layouts (xe_eu_stall.c)
     ip_bits, pos = SPEC[platform]
     recs = []
     for i, name in enumerate(pos):
@@ -57,6 +58,7 @@ def test_every_field_of_every_platform(platform: str) -> None:
 
 
 def test_counts_sum_per_ip_and_reason_and_drops_are_counted() -> None:
+    # Oracle: by construction — records built bit by bit here
     data = (record("xe2", 0x100, {"sbid": 3, "send": 1}) + record("xe2", 0x100, {"sbid": 4})
             + bytes(64) + (1 << 200).to_bytes(64, "little") + b"\x01" * 10)
     p = parse_records(data, "xe2")
@@ -67,6 +69,7 @@ def test_counts_sum_per_ip_and_reason_and_drops_are_counted() -> None:
 
 def test_pvc_record_read_as_pvc_not_xe2() -> None:
     """The same bits mean `active` on PVC and `tdr` on Xe2."""
+    # Oracle: by construction — the fact sheet's PVC and Xe2 layouts
     data = record("pvc", 0x40, {"active": 9})
     assert [s.reason for s in parse_records(data, "pvc").samples] == ["active"]
     assert [s.reason for s in parse_records(data, "xe2").samples] == ["tdr"]
@@ -96,6 +99,7 @@ KERNELS = [XeKernel("gemm", 0x10000, 0x800, 0x8000, pid=5, code="z1"), XeKernel(
 
 
 def test_map_ips_to_kernel_offsets() -> None:
+    # Oracle: by construction — IPs of kernels at known addresses above a known instruction base
     def ip(va: int) -> int:
         return (va - 0x8000) >> 3
 
@@ -109,6 +113,7 @@ def test_map_ips_to_kernel_offsets() -> None:
 
 
 def test_xe_samples_through_the_merge() -> None:
+    # Oracle: by construction — a launch event with its kernel's address and size
     ev = RawEvent("level_zero", "launch_kernel", "meta", 5, 5, 1, args={"kernel_va": 0x10000, "kernel_size": 0x800,
                                                                         "iba": 0x8000}, strs={"name": "gemm"})
     assert xe_kernels_from_events([ev]) == [XeKernel("gemm", 0x10000, 0x800, 0x8000, 5)]

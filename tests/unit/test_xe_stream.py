@@ -44,6 +44,7 @@ def uapi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 
 def test_ioctl_numbers_and_ids_match_the_header(uapi: dict[str, object]) -> None:
+    # Oracle: the real xe_drm.h, compiled in C here
     assert uapi["DRM_IOCTL_XE_DEVICE_QUERY"] == xe.DRM_IOCTL_XE_DEVICE_QUERY
     assert uapi["DRM_IOCTL_XE_OBSERVATION"] == xe.DRM_IOCTL_XE_OBSERVATION
     assert uapi["DRM_XE_OBSERVATION_IOCTL_ENABLE"] == xe.DRM_XE_OBSERVATION_IOCTL_ENABLE
@@ -55,6 +56,7 @@ def test_ioctl_numbers_and_ids_match_the_header(uapi: dict[str, object]) -> None
 
 
 def test_packed_structs_are_byte_identical_to_c(uapi: dict[str, object]) -> None:
+    # Oracle: the real xe_drm.h, compiled in C here (bytes of each struct)
     assert xe.pack_device_query(xe.DRM_XE_DEVICE_QUERY_EU_STALL, 0x1234, 0x1122334455667788).hex() == \
         uapi["device_query"]
     assert xe.OBSERVATION_PARAM.pack(0, xe.DRM_XE_OBSERVATION_TYPE_EU_STALL, xe.DRM_XE_OBSERVATION_OP_STREAM_OPEN,
@@ -68,6 +70,7 @@ def test_packed_structs_are_byte_identical_to_c(uapi: dict[str, object]) -> None
 
 
 def test_query_replies_parse_as_the_header_lays_them_out(uapi: dict[str, object]) -> None:
+    # Oracle: the real xe_drm.h, compiled in C here (replies laid out by the C structs)
     gts = xe.parse_gt_list(bytes.fromhex(str(uapi["gt_list"])))
     assert gts == [xe.XeGt(xe.DRM_XE_QUERY_GT_TYPE_MAIN, 0, 0, (20, 1)), xe.XeGt(1, 1, 3, (13, 0))]
     info = xe.parse_eu_stall_info(bytes.fromhex(str(uapi["eu_stall"])))
