@@ -38,6 +38,11 @@ def _java_label(label: str) -> str:
     return label[:-4] + _JAVA_SUFFIXES[tail] if tail in _JAVA_SUFFIXES else label
 
 
+# flamegraph.pl reads a line ending "<space><number> <count>" as a differential file's two counts: a leaf such as
+# `worker 2` would lose its number and turn its count into a second column. Such a leaf's last space becomes `_`.
+_LEAF_NUMBER = re.compile(r"\s+(?=\d+(?:\.\d*)?$)")
+
+
 def folded_lines(
     stacks: Iterable[tuple[Stack, int]], lines: bool = False, separator: bool = False, palette: str = "gpu"
 ) -> list[str]:
@@ -50,7 +55,7 @@ def folded_lines(
     java = palette == "java"
     for stack, weight in stacks:
         labels = labeler.labels(with_separator(stack) if separator else stack)
-        text = ";".join(map(_java_label, labels) if java else labels)
+        text = _LEAF_NUMBER.sub("_", ";".join(map(_java_label, labels) if java else labels))
         counts[text] = counts.get(text, 0) + weight
     return [f"{text} {count}" for text, count in sorted(counts.items()) if count > 0]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from aiflame.core.model import SEPARATOR, Frame, FrameKind, Profile, Sample, Stack
 from aiflame.exporters.base import ExportError, frame_label, sanitize_label
 from aiflame.exporters.folded import FoldedExporter, parse_folded, with_separator
-from tests.flamegraph_read import READ_AS_DIFFERENTIAL, FlamegraphReadError, read_folded_text
+from tests.flamegraph_read import READ_AS_DIFFERENTIAL, read_folded_text
 
 K = FrameKind
 
@@ -248,14 +248,13 @@ def test_round_trip_preserves_labels_and_counts(profile: Profile, lines: bool) -
     assert FoldedExporter(lines=lines).render(parsed) == data
 
 
-# A stack whose leaf label ends in whitespace and a number: flamegraph.pl takes that number for a differential
-# file's first column (READ_AS_DIFFERENTIAL). aiflame writes such a leaf as it is: found by this oracle, not fixed.
-@pytest.mark.xfail(raises=FlamegraphReadError, strict=True, reason="a leaf ending in ' <number>' reads as a "
-                   "differential column in flamegraph.pl")
-def test_a_leaf_ending_in_a_number_is_read_by_flamegraph_pl_as_written() -> None:
+# A stack whose leaf label ends in whitespace and a number: flamegraph.pl would take that number for a differential
+# file's first column (READ_AS_DIFFERENTIAL), so the folded writer joins it to the name with `_`.
+def test_a_leaf_ending_in_a_number_is_read_by_flamegraph_pl_as_one_frame() -> None:
     """Oracle: flamegraph.pl's reading (tests/flamegraph_read.py) of a leaf such as `worker 2`."""
-    data = FoldedExporter().render(Profile(samples=[Sample((native("main"), native("worker 2")), 5)]))
-    assert read_folded_text(data.decode()) == Counter({("main", "worker 2"): 5})
+    data = FoldedExporter().render(Profile(samples=[Sample((native("main 1"), native("worker 2")), 5),
+                                                    Sample((native("main"), native("w\t3.5")), 2)]))
+    assert read_folded_text(data.decode()) == Counter({("main 1", "worker_2"): 5, ("main", "w_3.5"): 2})
 
 
 def _looks_annotated(name: str) -> bool:
