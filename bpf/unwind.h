@@ -67,6 +67,9 @@ struct unwind_rule {
 };
 
 #define UW_ROWS_EVICTED 0xffffffffu  /* first_row of a mapping whose table was evicted (nrows 0) */
+/* first_row of anonymous executable memory (JIT code: oneDNN's kernels, nrows 0): no CFI there, so where frame
+ * pointers fail the walk scans for the return address (uw_KIND_scan), as in a file's code without CFI */
+#define UW_ROWS_JIT 0xfffffffeu
 struct unwind_map {
     __u64 start;
     __u64 end;

@@ -317,10 +317,14 @@ static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct
             }
         }
         st->fail = UW_STOP_NO_MAPPING;
+        u32 jit = 0;  /* JIT code: its rbp means nothing, so no frame-pointer step (scanned past where allowed) */
         u32 cfa_type = CFA_NONE;
         struct unwind_rule *r = NULL;
         if (m) {
             st->fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED : UW_STOP_FP_END;
+            jit = m->first_row == UW_ROWS_JIT;
+            if (jit)
+                st->fail = UW_STOP_NOT_COVERED;
             if (m->nrows) {
                 u64 addr = look - m->bias;
                 u32 rule = addr >> 32 ? 0 : uw_find_rule(st, m, (u32)addr);
@@ -386,7 +390,7 @@ static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct
         } else {
             /* frame pointers: [bp] = the caller's bp, [bp + 8] = the return address */
             u64 frame[2];
-            if (bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
+            if (jit || bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
                 uw_read(st, &frame[0], bp) != 0 || uw_read(st, &frame[1], bp + 8) != 0) {
                 if (st->fail == UW_STOP_NOT_COVERED && st->scan_ok && st->scans < UW_MAX_SCANS)
                     st->scan_now = 1;  /* uw_KIND_scan looks for the return address; the reason is set there */

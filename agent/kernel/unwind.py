@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 MAX_MAPS = 256  # AIFLAME_UNWIND_MAPS
 MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
 ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
+ROWS_JIT = 0xFFFFFFFE  # UW_ROWS_JIT
+JIT = "[jit]"  # the key of anonymous executable memory: no table, scanned past in BPF
 STOP_EVICTED = 8  # UW_STOP_EVICTED (core/unwind.STOPS)
 # struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift, table_id, pad
 _MAP = struct.Struct("<QQQIIIIIIII")
@@ -183,11 +185,16 @@ class UnwindTables:
     def add_process(self, pid: int, mappings: Iterable[Mapping]) -> None:
         """(Re)describe `pid`'s executable mappings to BPF, loading the tables of files seen first."""
         entries: list[tuple[Mapping, str]] = []
+        jit: list[tuple[Mapping, str]] = []
         for m in sorted(mappings, key=lambda m: m.start):
-            if "x" not in m.perms or not m.path.startswith("/") or len(entries) >= MAX_MAPS:
+            if "x" not in m.perms or len(entries) >= MAX_MAPS:
                 continue
-            key = self._load(pid, m)
-            entries.append((m, key))
+            if m.path.startswith("/"):
+                entries.append((m, self._load(pid, m)))
+            elif _is_jit(m.path):
+                jit.append((m, JIT))
+        # JIT regions as room allows after the files (a JIT-heavy process has many); the list is sorted by start
+        entries = sorted(entries + jit[:MAX_MAPS - len(entries)], key=lambda e: e[0].start)
         old = self._proc_keys.get(pid, [])
         for _, key in old:
             if key in self._files:
@@ -217,7 +224,8 @@ class UnwindTables:
                 first, nrows = loaded.first, loaded.nrows
                 index = (loaded.index_first, loaded.page_base, loaded.npages, loaded.page_shift, loaded.table_id, 0)
             else:
-                first, nrows, index = (ROWS_EVICTED if key in self._evicted else 0), 0, (0, 0, 0, 0, 0, 0)
+                first = ROWS_JIT if key == JIT else ROWS_EVICTED if key in self._evicted else 0
+                nrows, index = 0, (0, 0, 0, 0, 0, 0)
             _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows,
                            *index)
         self._procs.update(_U32.pack(pid), bytes(proc))
@@ -446,6 +454,12 @@ class Coverage:
     rows: int
     rules_followable: float  # share of the covered rows whose CFA rule BPF follows (not INVALID)
     error: str = ""
+
+
+def _is_jit(path: str) -> bool:
+    """Anonymous executable memory (no path, or one named with prctl PR_SET_VMA_ANON_NAME), not the kernel's
+    special pages: [uprobes] must stay unmapped to the walk, which recognizes the uretprobe trampoline so."""
+    return path == "" or path.startswith("[anon:")
 
 
 def coverage(pid: int) -> list[Coverage]:

@@ -36,3 +36,24 @@ def test_a_walk_goes_on_past_a_function_without_cfi(tmp_path: Path) -> None:
     scanned = [s for s in walked if s.unwind & USED_SCAN]
     assert len(scanned) >= 0.95 * total
     assert sum(1 for s in scanned if stop_of(s.unwind) == END) >= 0.85 * len(scanned)
+
+
+def test_a_walk_goes_on_past_jit_code(tmp_path: Path) -> None:
+    """JIT code (anonymous executable memory, as oneDNN's kernels in libtorch) has no CFI and its rbp means
+    nothing: the agent marks such memory for BPF, which scans past it from the leaf."""
+    # Oracle: the program's own structure (main -> outer -> the code it copied into anonymous memory)
+    exe = tmp_path / "unwind_jit"
+    subprocess.run(["gcc", "-O1", "-g", "-fomit-frame-pointer", "-o", str(exe), str(PROGRAMS / "unwind_jit.c")],
+                   check=True)
+    out = tmp_path / "out"
+    aiflame("profile", "-q", "-F", "499", "-o", str(out), "--formats", "folded", "--", str(exe), "1.5")
+    folded = read_folded(out / "profile.folded")
+    in_jit = {stack: n for stack, n in folded.items() if stack.endswith(";[anon]")}
+    total = sum(in_jit.values())
+    assert total > 300, folded
+    whole = sum(n for stack, n in in_jit.items() if ";__libc_start_call_main;main;outer;[anon]" in stack)
+    # a sample before the agent has read the JIT mapping (it is made after the start) may stop at the leaf
+    assert whole >= 0.95 * total, in_jit
+    cap = read_capture(out / "profile.aiflame")
+    scanned = [s for s in cap.samples if s.comm.startswith("unwind_jit") and s.unwind & USED_SCAN]
+    assert sum(1 for s in scanned if stop_of(s.unwind) == END) >= 0.95 * whole
