@@ -132,8 +132,7 @@ def _import_rocprof(got: _Imported, records: list[Path], code_objects: list[tupl
 
 
 def _import_cupti(got: _Imported, records: list[Path], pid: int) -> None:
-    from aiflame.agent.accel.cupti import stalls_from_stream
-    from aiflame.symbolize.vendor.cupti_stream import parse_stream
+    from aiflame.symbolize.vendor.cupti_stream import parse_stream, stalls_from_stream
 
     for path in records:
         stream = parse_stream(_read(path, "a CUPTI stream"), name=str(path), keep_pcs=False)

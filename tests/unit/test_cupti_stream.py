@@ -16,9 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.accel.cupti import stalls_from_stream
 from aiflame.agent.accel.cupti_build import INJECT_SOURCE, CuptiInstall, build_injection
-from aiflame.symbolize.vendor.cupti_stream import MAGIC, CuptiStreamError, RecordType, parse_stream
+from aiflame.symbolize.vendor.cupti_stream import (
+    MAGIC,
+    CuptiStreamError,
+    RecordType,
+    parse_stream,
+    reason_counts,
+    stalls_from_stream,
+)
 from tests.conftest import PROGRAMS
 
 
@@ -284,8 +290,6 @@ def test_reason_counts_never_add_samples(pairs: list[tuple[int, int]]) -> None:
     """Whatever CUPTI reports, the samples kept are each reason's count (or its not-issued count, when larger):
     never the two added."""
     from collections import Counter
-
-    from aiflame.agent.accel.cupti import reason_counts
 
     table = {0: "a", 1: "a_not_issued", 2: "b", 3: "b_not_issued", 4: "c_not_issued"}
     out = reason_counts(pairs, table, Counter())

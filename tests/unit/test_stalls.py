@@ -228,8 +228,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
     sit under their reason; the total is CUPTI's own batch total."""
     from pathlib import Path
 
-    from aiflame.agent.accel.cupti import stalls_from_stream
-    from aiflame.symbolize.vendor.cupti_stream import parse_stream
+    from aiflame.symbolize.vendor.cupti_stream import parse_stream, stalls_from_stream
 
     path = Path(__file__).resolve().parent.parent / "data" / "cupti" / "h100-two_kernels.stream"
     s = parse_stream(path.read_bytes())
