@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aiflame.agent.stall_import import import_records
 from aiflame.cli.summary import print_summary
 from aiflame.core.capture import read_capture, write_capture
 from aiflame.core.raw import RawStallSample
@@ -24,6 +23,7 @@ from aiflame.symbolize import views
 from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.accel.sass import disassemble
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+from aiflame.symbolize.vendor.stall_import import import_records
 from tests.cuda_build import KernelPrograms, kernel_programs
 from tests.integration.conftest import aiflame, read_folded
 
