@@ -107,7 +107,7 @@ def _cubins_with(entries: Iterator[FatbinEntry], names: set[str], origin: str, s
                 continue
             if names & cubin.kernels.keys():
                 seen.add(entry.digest)
-                out.append(GpuCode(entry.digest, "cubin", entry.arch, origin, entry.data))
+                out.append(GpuCode(entry.digest, "cubin", cubin.arch, origin, entry.data))
     except SymbolizeError as e:
         warnings.append(str(e))
     return out

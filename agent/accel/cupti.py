@@ -1,6 +1,7 @@
 """NVIDIA stall sampling for targets that aiflame starts: prepare the child's environment so CUDA loads
-aiflame's CUPTI injection library, then fold each process's stream into the capture as RawStallSample and
-GpuCode records (cubins keyed by CUPTI's CRC become the project's content digest).
+aiflame's CUPTI injection library, then read each process's stream from its private directory and store the
+RawStallSample and GpuCode records that symbolize/vendor/cupti_stream.py (the format's one reader and converter,
+which `aiflame import` uses too) makes of it.
 
 CUPTI works only inside the target and only from its CUDA initialization on, so a `--pid` target cannot be
 sampled this way; `pid_target_warning` says so when such a target used CUDA.
@@ -8,7 +9,6 @@ sampled this way; `pid_target_warning` says so when such a target used CUDA.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import shutil
@@ -22,11 +22,9 @@ from aiflame.agent.accel.cupti_build import CuptiBuildError, CuptiInstall, build
 from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
 from aiflame.core.raw import GpuCode, RawStallSample
 from aiflame.core.safe_files import FileRefused, OutputDir, read_regular
-from aiflame.symbolize.accel.cubin import cubin_arch
-from aiflame.symbolize.vendor.cupti_stream import NOT_ISSUED_SUFFIX, CuptiStream, CuptiStreamError, parse_stream
+from aiflame.symbolize.vendor.cupti_stream import CuptiStreamError, parse_stream, stalls_from_stream
 
-__all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti",
-           "reason_counts", "stalls_from_stream"]
+__all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti"]
 
 STREAM_PREFIX = ".cupti-"  # + random: one private stream directory per capture, in its output directory
 NO_CUPTI = ("NVIDIA stall samples need NVIDIA's CUPTI: `pip install nvidia-cuda-cupti` into aiflame's "
@@ -75,79 +73,6 @@ class CuptiResult:
     processes: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-
-
-def stalls_from_stream(s: CuptiStream) -> tuple[list[RawStallSample], list[GpuCode], Counter[str]]:
-    """One stream's stall samples and cubins. Nothing is dropped: a sample whose cubin was not captured keeps
-    code "" and one whose reason index is not in its context's table gets the name `stall_reason_<index>`;
-    both are counted.
-
-    Samples of the same instruction, reason and launch come summed over the stream's batches (the reader's
-    `totals`; each keeps the time of the first batch that had it)."""
-    counts: Counter[str] = Counter()
-    digests: dict[int, str] = {}
-    code: list[GpuCode] = []
-    for c in s.cubins:
-        digest = hashlib.sha256(c.data).hexdigest()
-        if c.crc not in digests:
-            digests[c.crc] = digest
-            code.append(GpuCode(digest, "cubin", cubin_arch(c.data), f"memory of pid {s.pid} (CUPTI)", c.data))
-    samples: list[RawStallSample] = []
-    for (ctx, crc, offset, function, corr), tot in s.totals.items():
-        digest = digests.get(crc, "")
-        device = s.devices.get(ctx, -1)
-        for reason, n, not_issued in reason_counts(tot.reasons.items(), s.reasons.get(ctx, {}), counts):
-            if not digest:
-                counts["cupti_samples_without_cubin"] += n
-            samples.append(RawStallSample("cupti", s.pid, device, digest, function, offset, reason, n, corr,
-                                          tot.time_ns, not_issued))
-            counts["cupti_samples"] += n
-    for b in s.batches:
-        counts["cupti_dropped_samples"] += b.dropped_samples
-        counts["cupti_hw_buffer_full"] += int(b.hardware_buffer_full)
-    for name in ("samples_dropped", "pcs_dropped", "batches_dropped", "cubins_dropped", "getdata_errors",
-                 "write_errors"):
-        if s.counters.get(name):
-            counts[f"cupti_{name}"] += s.counters[name]
-    return samples, code, counts
-
-
-def reason_counts(pairs: Iterable[tuple[int, int]], table: Mapping[int, str], counts: Counter[str]
-                  ) -> list[tuple[str, int, bool]]:
-    """One PC record's (reason, samples, not issued) by CUPTI's definitions: `<reason>_not_issued` counts the
-    subset of `<reason>`'s samples in which the scheduler issued no instruction, so it splits `<reason>` into an
-    issued and a not-issued part instead of adding samples (each sample counts once). A `_not_issued` count above
-    its reason's (never seen) counts in full and is counted in `cupti_not_issued_over_reason`. Reason indices
-    missing from the context's table read `stall_reason_<index>` (counted)."""
-    by_name: dict[str, int] = {}
-    for idx, n in pairs:
-        if n == 0:
-            continue
-        name = table.get(idx)
-        if name is None:
-            name = f"stall_reason_{idx}"
-            counts["cupti_unknown_reason_samples"] += n
-        by_name[name] = by_name.get(name, 0) + n
-    names = set(table.values())
-    out: list[tuple[str, int, bool]] = []
-    for name, n in by_name.items():
-        if name.endswith(NOT_ISSUED_SUFFIX) and name[:-len(NOT_ISSUED_SUFFIX)] in names:
-            continue  # taken with its reason below
-        sub = by_name.get(name + NOT_ISSUED_SUFFIX, 0) if name + NOT_ISSUED_SUFFIX in names else 0
-        if sub > n:
-            counts["cupti_not_issued_over_reason"] += sub - n
-        if n > sub:
-            out.append((name, n - sub, False))
-        if sub:
-            out.append((name, sub, True))
-            counts["cupti_not_issued_samples"] += sub
-    for name, sub in by_name.items():  # a not-issued count whose reason has no samples at this PC
-        base = name[:-len(NOT_ISSUED_SUFFIX)]
-        if name.endswith(NOT_ISSUED_SUFFIX) and base in names and base not in by_name:
-            counts["cupti_not_issued_over_reason"] += sub
-            counts["cupti_not_issued_samples"] += sub
-            out.append((base, sub, True))
-    return out
 
 
 class StreamDir:

@@ -31,6 +31,7 @@ from aiflame.agent.runtimes.base import (
 )
 from aiflame.core.raw import GpuCode, RawEvent
 from aiflame.symbolize.accel.fatbin import FATBIN_MAGIC, FatbinError, fatbin_size
+from aiflame.symbolize.objfmt.elf_format import sniff_header
 
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
 MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}
@@ -115,10 +116,9 @@ def code_object_size(head: bytes) -> tuple[str, int] | None:
             return "fatbin", fatbin_size(head[:16])
         except FatbinError:
             return None
-    if len(head) >= 64 and head[:4] == b"\x7fELF" and head[4] == 2:
-        shoff, = struct.unpack_from("<Q", head, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
-        return "cubin", shoff + shentsize * shnum
+    h = sniff_header(head)
+    if h is not None and h.layout.is64:
+        return "cubin", h.shoff + h.shentsize * h.shnum
     return None
 
 

@@ -33,6 +33,7 @@ from aiflame.agent.runtimes.base import (
     drop_pid,
 )
 from aiflame.core.raw import GpuCode, RawEvent
+from aiflame.symbolize.objfmt.elf_format import ELF_MAGIC
 
 RUNTIME = "level_zero"
 ZE_RESULT_SUCCESS = 0
@@ -107,7 +108,7 @@ def _event(call: Call, kind: str, args: dict[str, int], strs: dict[str, str] | N
 
 def module_kind(data: bytes, fmt: int | None) -> str | None:
     """"zebin" (an ELF), "spirv" (by magic, or any IL-format input), None when neither."""
-    if data[:4] == b"\x7fELF":
+    if data.startswith(ELF_MAGIC):
         return "zebin"
     if data[:4] == SPIRV_MAGIC or fmt == FORMAT_IL_SPIRV:
         return "spirv"

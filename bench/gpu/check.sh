@@ -60,8 +60,7 @@ if [ -n "$SHIMLIB" ] && stage 20 stream "real CUPTI stream for the tests (two_ke
     cp "$W"/streams-20/cupti-*.stream "$W/res/two_kernels.cupti.stream" && ls -l "$W/res/two_kernels.cupti.stream" && pack
     "$PY" - "$W/res/two_kernels.cupti.stream" <<'PYEOF'
 import sys
-from aiflame.symbolize.vendor.cupti_stream import parse_stream
-from aiflame.agent.accel.cupti import stalls_from_stream
+from aiflame.symbolize.vendor.cupti_stream import parse_stream, stalls_from_stream
 s = parse_stream(open(sys.argv[1], "rb").read())
 samples, code, c = stalls_from_stream(s)
 print("stream:", s.complete, len(s.batches), "batches", len(s.cubins), "cubins", dict(c), s.info, [e.stage for e in s.errors])

@@ -1,6 +1,6 @@
-"""`aiflame import`: merge accelerator stall records saved elsewhere into a capture (agent/stall_import.py), so a
-GPU host's samples are joined offline with the launch stacks the capture holds. (`import_`: `import` is a Python
-keyword.)"""
+"""`aiflame import`: merge accelerator stall records saved elsewhere into a capture
+(symbolize/vendor/stall_import.py), so a GPU host's samples are joined offline with the launch stacks the capture
+holds. (`import_`: `import` is a Python keyword.)"""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from aiflame.agent.stall_import import FORMATS, LAYOUTS
 from aiflame.cli.commands import UsageError, warn
+from aiflame.symbolize.vendor.stall_import import FORMATS, LAYOUTS
 
 NAME = "import"
 HELP = ("merge accelerator stall records (Xe EU stall, rocprofiler PC sampling, a CUPTI stream, another capture) "
@@ -89,7 +89,7 @@ def _output(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiflame.agent.stall_import import import_records
+    from aiflame.symbolize.vendor.stall_import import import_records
 
     out = _output(args)
     res = import_records(args.capture, args.records, args.format, output=out, platform=args.platform,

@@ -24,14 +24,22 @@ from typing import NamedTuple
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.dwarf_forms import DWARF_ERRORS
 from aiflame.symbolize.objfmt.dwarf_program import parse_line_header, run_line_program
-from aiflame.symbolize.objfmt.elf_format import Reader, Section, extended_counts, parse_header, read_sections
+from aiflame.symbolize.objfmt.elf_format import (
+    Header,
+    Reader,
+    Section,
+    extended_counts,
+    parse_header,
+    read_sections,
+    sniff_header,
+)
 
 __all__ = ["EM_CUDA", "Cubin", "CubinError", "CubinLines", "Kernel", "LineRange", "cubin_arch", "parse_cubin"]
 
 log = logging.getLogger(__name__)
 
 EM_CUDA = 190
-_ELFABIVERSION_CUDA_V1 = 7  # SM number in the low byte of e_flags; from ABI 8 (CUDA 12.8+) in bits 8-15
+_ELFABIVERSION_CUDA_V1 = 7  # the last ELF ABI version with the SM in e_flags' low byte (bits 8-15 from ABI 8)
 _STO_CUDA_ENTRY = 0x10
 _SHT_SYMTAB, _SHT_RELA, _SHT_NOBITS, _SHT_REL = 2, 4, 8, 9
 _STT_SECTION, _STT_FUNC = 3, 2
@@ -167,7 +175,7 @@ def parse_cubin(data: bytes, *, label: str = "cubin", digest: str | None = None)
         h = parse_header(data, label)
         if h.e_machine != EM_CUDA:
             raise CubinError(f"{label}: not a cubin (e_machine {h.e_machine})")
-        if not h.layout.is64 or h.layout.ehdr.format[0] != "<":
+        if not h.layout.is64 or not h.little_endian:
             raise CubinError(f"{label}: not a 64-bit little-endian cubin")
         # All reads are bounded by len(data) and served from it; the descriptor is never used.
         r = Reader(-1, len(data), data, label)
@@ -177,18 +185,23 @@ def parse_cubin(data: bytes, *, label: str = "cubin", digest: str | None = None)
         raise
     except SymbolizeError as e:
         raise CubinError(str(e)) from None
-    cubin = Cubin(data, label, cubin_arch(data), sections, [], {}, digest or hashlib.sha256(data).hexdigest())
+    cubin = Cubin(data, label, _arch(h), sections, [], {}, digest or hashlib.sha256(data).hexdigest())
     cubin._symbols = _read_symbols(cubin)
     cubin.kernels = _find_kernels(cubin)
     return cubin
 
 
 def cubin_arch(data: bytes) -> int:
-    """The SM a cubin is for, from its ELF header's e_flags (0 when `data` is not a 64-bit ELF)."""
-    if len(data) < 52 or data[:4] != b"\x7fELF" or data[4] != 2:
-        return 0
-    (e_flags,) = struct.unpack_from("<I", data, 0x30)
-    return int(e_flags & 0xFF if data[8] <= _ELFABIVERSION_CUDA_V1 else (e_flags >> 8) & 0xFF)
+    """The SM a cubin is for (90 for sm_90), from its ELF header; 0 when `data` is not a 64-bit ELF. The one
+    decoder of a cubin's SM: the CUPTI collector and `parse_cubin` both read it here."""
+    h = sniff_header(data)
+    return 0 if h is None or not h.layout.is64 else _arch(h)
+
+
+def _arch(h: Header) -> int:
+    # ELF ABI version <= 7 (CUDA before 12.8): e_flags = virtual SM << 16 | flags | SM; from ABI 8 the SM is in
+    # bits 8-15 (sm_80: 0x00500550 from ptxas 12.9, 0x06005004 from ptxas 13.5).
+    return h.e_flags & 0xFF if h.abi_version <= _ELFABIVERSION_CUDA_V1 else (h.e_flags >> 8) & 0xFF
 
 
 def _read_symbols(cubin: Cubin) -> list[_Sym]:

@@ -22,8 +22,10 @@ from typing import Literal
 
 from aiflame.core import limits
 from aiflame.core.safe_files import FileRefused, open_regular
+from aiflame.symbolize.accel.cubin import EM_CUDA
 from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.elf_format import SHT_NOBITS, sniff_header
 from aiflame.symbolize.objfmt.inflate import InflateError, inflate_lz4, inflate_zstd
 
 __all__ = [
@@ -49,9 +51,6 @@ _FLAG_OLD_LZ = 0x1000
 _FLAG_LZ4 = 0x2000
 _FLAG_ZSTD = 0x8000
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_ELF64_HEADER = struct.Struct("<QQQIHHHHHH")  # e_entry .. e_shstrndx, from offset 0x18
-_SHDR64 = struct.Struct("<IIQQQQIIQQ")
-_SHT_NOBITS = 8
 
 
 class FatbinError(SymbolizeError):
@@ -230,20 +229,19 @@ def decompress_payload(payload: bytes, flags: int, compressed_size: int, uncompr
 def _elf_extent(data: bytes) -> int:
     """End of the ELF image at the start of `data` (its headers and section contents), so that the zero padding
     after it can be cut; len(data) when it does not parse as a 64-bit little-endian ELF."""
-    if len(data) < 0x40 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+    h = sniff_header(data)
+    if h is None or not h.layout.is64 or not h.little_endian:
         return len(data)
-    phoff, shoff, _flags, _ehsize, phentsize, phnum, shentsize, shnum, _shstrndx = _ELF64_HEADER.unpack_from(
-        data, 0x18
-    )[1:]
     end = 0x40
-    if phnum:
-        end = max(end, phoff + phnum * phentsize)
-    if shnum:
-        end = max(end, shoff + shnum * shentsize)
-        if shentsize >= _SHDR64.size and shoff + shnum * shentsize <= len(data):
-            for i in range(shnum):
-                f = _SHDR64.unpack_from(data, shoff + i * shentsize)
-                if f[1] != _SHT_NOBITS:
+    if h.phnum:
+        end = max(end, h.phoff + h.phnum * h.phentsize)
+    if h.shnum:
+        end = max(end, h.shoff + h.shnum * h.shentsize)
+        shdr = h.layout.shdr
+        if h.shentsize >= shdr.size and h.shoff + h.shnum * h.shentsize <= len(data):
+            for i in range(h.shnum):
+                f = shdr.unpack_from(data, h.shoff + i * h.shentsize)
+                if f[1] != SHT_NOBITS:
                     end = max(end, f[4] + f[5])
     return min(end, len(data))
 
@@ -262,8 +260,8 @@ def read_fatbin_file(path: str | os.PathLike[str]) -> tuple[str, bytes]:
         raise FatbinError(str(e)) from None
     try:
         head = os.pread(fd, 64, 0)
-        is_cubin = (len(head) >= 20 and head[:4] == b"\x7fELF" and head[5] == 1
-                    and struct.unpack_from("<H", head, 18)[0] == 190)
+        h = sniff_header(head)
+        is_cubin = h is not None and h.little_endian and h.e_machine == EM_CUDA
         if is_cubin or (len(head) >= 4 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC):
             cap = limits.current().payload_bytes
             if st.st_size > cap:

@@ -1,6 +1,10 @@
 """The ELF container, parsed with `struct`: file header, program and section header tables (with the gABI's
 extended numbering), bounded reads, and notes with the GNU build id. elf.py builds ElfFile and read_build_id on
-these; cubin.py reads in-memory cubins with them. Every malformed-input path raises `SymbolizeError`."""
+these; cubin.py reads in-memory cubins with them. Every malformed-input path raises `SymbolizeError`.
+
+`parse_header` is the project's one decoder of the ELF file header (e_ident, e_machine, e_flags, the table
+offsets): the ELF reader, cubins, fatbin payloads, code objects copied from a target and imported AMDGPU code
+objects all go through it; `sniff_header` is the same for callers that only ask what a blob is."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from aiflame.core.safe_files import FileRefused, open_regular
 from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = [
+    "ELF_MAGIC",
     "Header",
     "Layout",
     "Reader",
@@ -26,9 +31,10 @@ __all__ = [
     "parse_header",
     "read_sections",
     "read_segments",
+    "sniff_header",
 ]
 
-_MAGIC = b"\x7fELF"
+ELF_MAGIC = b"\x7fELF"
 _ELFCLASS32, _ELFCLASS64 = 1, 2
 _ELFDATA2LSB, _ELFDATA2MSB = 1, 2
 ET_DYN = 3
@@ -120,6 +126,9 @@ class Section(NamedTuple):
 
 
 class Header(NamedTuple):
+    """The ELF file header: e_ident's class and byte order (as `layout`), OS ABI and ABI version, then the fields
+    after e_ident (e_version, e_entry and e_ehsize left out: no reader needs them)."""
+
     layout: Layout
     e_type: int
     e_machine: int
@@ -130,19 +139,37 @@ class Header(NamedTuple):
     shentsize: int
     shnum: int
     shstrndx: int
+    e_flags: int
+    osabi: int  # e_ident[EI_OSABI]
+    abi_version: int  # e_ident[EI_ABIVERSION]
+
+    @property
+    def little_endian(self) -> bool:
+        return self.layout.ehdr.format[0] == "<"
 
 
 def parse_header(head: bytes, label: str) -> Header:
-    if len(head) < 16 or head[:4] != _MAGIC:
+    """The file header at the start of `head`; SymbolizeError (one line, prefixed with `label`) when `head` is
+    not an ELF file, has a class or byte order other than 32/64-bit and little/big-endian, or is shorter than
+    its class's header."""
+    if len(head) < 16 or head[:4] != ELF_MAGIC:
         raise SymbolizeError(f"{label}: not an ELF file")
     layout = LAYOUTS.get((head[4], head[5]))
     if layout is None:
-        raise SymbolizeError(f"{label}: unsupported ELF class or byte order")
+        raise SymbolizeError(f"{label}: unsupported ELF class or byte order ({head[4]}, {head[5]})")
     if len(head) < 16 + layout.ehdr.size:
-        raise SymbolizeError(f"{label}: truncated ELF header")
+        raise SymbolizeError(f"{label}: truncated ELF header ({len(head)} of {16 + layout.ehdr.size} bytes)")
     f = layout.ehdr.unpack_from(head, 16)
     # e_type, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags, e_ehsize, e_phentsize, e_phnum, ...
-    return Header(layout, f[0], f[1], f[4], f[5], f[8], f[9], f[10], f[11], f[12])
+    return Header(layout, f[0], f[1], f[4], f[5], f[8], f[9], f[10], f[11], f[12], f[6], head[7], head[8])
+
+
+def sniff_header(head: bytes) -> Header | None:
+    """`parse_header`, or None where it would raise: for callers that only ask what a blob is."""
+    try:
+        return parse_header(head, "")
+    except SymbolizeError:
+        return None
 
 
 class Reader:

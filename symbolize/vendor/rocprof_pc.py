@@ -28,21 +28,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.core.raw import RawStallSample
+from aiflame.core.raw import GpuCode, RawStallSample
 from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.objfmt.elf_format import parse_header
 
 __all__ = [
+    "EM_AMDGPU",
     "HOST_TRAP_SIZE",
     "NOT_ISSUED_REASONS",
     "STOCHASTIC_SIZE",
     "CodeObject",
     "RocprofError",
     "RocprofParse",
+    "amdgpu_refusal",
     "code_object_from_elf",
     "parse_file",
     "parse_records",
 ]
 
+EM_AMDGPU = 224
 HOST_TRAP_SIZE = 88
 STOCHASTIC_SIZE = 104
 _HOST = struct.Struct("<QQQQQQQQQIIII")
@@ -76,6 +80,21 @@ class CodeObject:
         if i >= 0 and offset < self.kernels[i][0] + self.kernels[i][1]:
             return self.kernels[i][2], offset - self.kernels[i][0]
         return None
+
+    def gpu_code(self, data: bytes, origin: str) -> GpuCode:
+        """The capture's record of this code object, `data` being its ELF bytes (kept so exports work offline)."""
+        return GpuCode(self.digest, "amdgpu-elf", 0, origin, data)
+
+
+def amdgpu_refusal(data: bytes, label: str) -> str | None:
+    """Why `data` is not an AMDGPU code object, in one line that starts with `label` (None when it is one)."""
+    try:
+        machine = parse_header(data, label).e_machine
+    except SymbolizeError as e:
+        return str(e)
+    if machine != EM_AMDGPU:
+        return f"{label}: an ELF file for machine {machine}, not an AMDGPU code object (e_machine {EM_AMDGPU})"
+    return None
 
 
 def code_object_from_elf(code_object_id: int, data: bytes) -> CodeObject:

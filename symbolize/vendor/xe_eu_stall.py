@@ -103,6 +103,19 @@ class XeParse:
              "xe_partial_bytes": self.partial_bytes}
         return {k: v for k, v in c.items() if v}
 
+    def refusal(self, label: str, platform: str, record_size: int) -> str | None:
+        """Why the bytes parsed are not whole EU stall records of `platform`, in one line that starts with `label`
+        (None when they are): a tail shorter than a record, or more than 1% of records with bits set where the
+        layout has none (a record of another platform, or not one at all). The live stream counts these;
+        `aiflame import` refuses such a file."""
+        hint = "not EU stall data, or a wrong --platform / --record-size"
+        if self.partial_bytes:
+            size = self.records * record_size + self.partial_bytes
+            return f"{label}: {size} bytes are not whole {record_size}-byte records ({hint})"
+        if self.foreign * 100 > self.records:
+            return f"{label}: {self.foreign} of {self.records} records are not {platform} EU stall records ({hint})"
+        return None
+
 
 def parse_records(
     data: bytes | memoryview,

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aiflame.agent.stall_import import import_records
 from aiflame.cli.summary import print_summary
 from aiflame.core.capture import read_capture, write_capture
 from aiflame.core.raw import RawStallSample
@@ -21,6 +20,7 @@ from aiflame.exporters import get_exporter
 from aiflame.symbolize import views
 from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+from aiflame.symbolize.vendor.stall_import import import_records
 from tests.cuda_build import KernelPrograms, kernel_programs
 from tests.integration.conftest import aiflame, read_folded
 from tests.nvdisasm_read import nvdisasm_lines, nvdisasm_sass, squeeze

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.symbolize.accel.cubin import Cubin, CubinError, parse_cubin
+from aiflame.symbolize.accel.cubin import Cubin, CubinError, cubin_arch, parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
 from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs
 from tests.nvdisasm_read import nvdisasm_lines
@@ -117,6 +117,31 @@ def test_arch_and_kernel_less_cubins(cubins: dict[str, list[bytes]], progs: Kern
             assert c.arch == e.arch and c.digest == e.digest
     kernel_less = [parse_cubin(b) for b in cubins[progs.plain.name] if not parse_cubin(b).has_code]
     assert len(kernel_less) == 2 and all(not c.kernels and not c.lines().kernels() for c in kernel_less)
+
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "cubin"
+
+
+@pytest.mark.parametrize(("name", "abi", "e_flags"), [("abi7-sm_80.cubin", 7, 0x00500550),
+                                                      ("abi8-sm_80.cubin", 8, 0x06005004)])
+def test_arch_of_abi7_and_abi8_cubins(name: str, abi: int, e_flags: int) -> None:
+    """Real cubins of both layouts (tests/data/cubin/README.md): ptxas 12.9 puts the SM in e_flags' low byte,
+    13.5 in bits 8-15; the collector's cubin_arch and the parser read the same 80 from both."""
+    data = (DATA / name).read_bytes()
+    assert (data[8], struct.unpack_from("<I", data, 0x30)[0]) == (abi, e_flags)
+    c = parse_cubin(data)
+    assert cubin_arch(data) == c.arch == 80 and list(c.kernels) == ["scale"]
+
+
+@FUZZ
+@given(sm=st.integers(0, 255), abi=st.integers(0, 255), other=st.integers(0, 0xFFFFFFFF))
+def test_arch_by_abi_version(sm: int, abi: int, other: int) -> None:
+    """Hand-built EM_CUDA headers: the SM in bits 0-7 up to ABI 7, bits 8-15 from ABI 8, whatever the other bits."""
+    e_flags = (other & ~0xFF) | sm if abi <= 7 else (other & ~0xFF00) | sm << 8
+    ident = b"\x7fELF\x02\x01\x01\x41" + bytes([abi]) + bytes(7)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, 0, e_flags, 64, 0, 0, 64, 0, 0)
+    assert cubin_arch(header) == sm
+    assert cubin_arch(header[:63]) == 0 and cubin_arch(header[:4] + b"\x01" + header[5:]) == 0  # cut; 32-bit
 
 
 def test_lookup_outside_and_unknown(code_cubins: dict[str, Path]) -> None:

@@ -18,9 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.accel.cupti import stalls_from_stream
 from aiflame.agent.accel.cupti_build import INJECT_SOURCE, CuptiInstall, build_injection
-from aiflame.symbolize.vendor.cupti_stream import MAGIC, CuptiStreamError, RecordType, parse_stream
+from aiflame.symbolize.vendor.cupti_stream import (
+    MAGIC,
+    CuptiStreamError,
+    RecordType,
+    parse_stream,
+    reason_counts,
+    stalls_from_stream,
+)
 from tests.conftest import PROGRAMS
 
 
@@ -292,8 +298,6 @@ def test_reason_counts_never_add_samples(pairs: list[tuple[int, int]]) -> None:
     never the two added."""
     # Oracle: CUPTI's documentation of `_not_issued`: the sum worked out here for each random input
     from collections import Counter
-
-    from aiflame.agent.accel.cupti import reason_counts
 
     table = {0: "a", 1: "a_not_issued", 2: "b", 3: "b_not_issued", 4: "c_not_issued"}
     out = reason_counts(pairs, table, Counter())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import struct
 import subprocess
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.raw import GpuCode
 from aiflame.symbolize.vendor.rocprof_pc import (
     HOST_TRAP_SIZE,
     STOCHASTIC_SIZE,
     CodeObject,
     RocprofError,
+    amdgpu_refusal,
     code_object_from_elf,
     parse_file,
     parse_records,
@@ -149,3 +152,16 @@ def test_code_object_kernels_from_a_real_elf(tmp_path: Path) -> None:
     assert co.find(start + 2) == ("relu", 2)
     p = parse_records(host_trap(4, start + 2), code_objects={4: co})
     assert [(s.kernel, s.offset, s.code) for s in p.samples] == [("relu", 2, co.digest)]
+    assert co.gpu_code(b"elf", "k.so") == GpuCode(co.digest, "amdgpu-elf", 0, "k.so", b"elf")
+
+
+def test_only_an_amdgpu_elf_is_a_code_object() -> None:
+    """The ELF header, read by the one decoder (elf_format.parse_header), says which machine the code is for."""
+    def header(machine: int) -> bytes:
+        return b"\x7fELF\x02\x01\x01\x40\x03" + bytes(7) + struct.pack("<HHI", 3, machine, 1) + bytes(40)
+
+    assert amdgpu_refusal(header(224), "co") is None
+    assert amdgpu_refusal(header(62), "co") == ("co: an ELF file for machine 62, not an AMDGPU code object "
+                                                "(e_machine 224)")
+    assert amdgpu_refusal(header(224)[:40], "co") == "co: truncated ELF header (40 of 64 bytes)"
+    assert amdgpu_refusal(b"\0" + header(224)[1:], "co") == "co: not an ELF file"

@@ -204,7 +204,7 @@ def test_code_object_size() -> None:
     fatbin += (100).to_bytes(8, "little")
     assert code_object_size(fatbin) == ("fatbin", 116)
     elf = bytearray(64)
-    elf[:5] = b"\x7fELF\x02"
+    elf[:6] = b"\x7fELF\x02\x01"
     elf[0x28:0x30] = (1000).to_bytes(8, "little")
     elf[0x3A:0x3E] = (64).to_bytes(2, "little") + (5).to_bytes(2, "little")
     assert code_object_size(bytes(elf)) == ("cubin", 1320)

@@ -212,8 +212,7 @@ def test_real_h100_stream_symbolizes_every_sample() -> None:
     # Oracle: nvdisasm -json of the cubin CUPTI handed over on an H100; CUPTI's own batch total
     from pathlib import Path
 
-    from aiflame.agent.accel.cupti import stalls_from_stream
-    from aiflame.symbolize.vendor.cupti_stream import parse_stream
+    from aiflame.symbolize.vendor.cupti_stream import parse_stream, stalls_from_stream
 
     path = Path(__file__).resolve().parent.parent / "data" / "cupti" / "h100-two_kernels.stream"
     s = parse_stream(path.read_bytes())

@@ -65,6 +65,15 @@ def test_counts_sum_per_ip_and_reason_and_drops_are_counted() -> None:
     assert {(s.offset, s.reason): s.count for s in p.samples} == {(0x100, "sbid"): 7, (0x100, "send"): 1}
     assert (p.records, p.empty, p.foreign, p.partial_bytes) == (4, 1, 1, 10)
     assert p.counters() == {"xe_records": 4, "xe_empty_records": 1, "xe_foreign_records": 1, "xe_partial_bytes": 10}
+    assert p.refusal("f", "xe2", 64) == ("f: 266 bytes are not whole 64-byte records (not EU stall data, or a wrong "
+                                         "--platform / --record-size)")
+
+
+def test_more_than_one_foreign_record_in_a_hundred_is_refused() -> None:
+    good, foreign = record("xe2", 0x100, {"sbid": 3}), (1 << 200).to_bytes(64, "little")
+    assert parse_records(good * 100 + foreign, "xe2").refusal("f", "xe2", 64) is None
+    assert parse_records(good * 99 + foreign * 2, "xe2").refusal("f", "xe2", 64) == (
+        "f: 2 of 101 records are not xe2 EU stall records (not EU stall data, or a wrong --platform / --record-size)")
 
 
 def test_pvc_record_read_as_pvc_not_xe2() -> None:

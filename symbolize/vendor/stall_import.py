@@ -1,7 +1,9 @@
 """Merge accelerator stall records saved elsewhere into a capture, so a GPU host's samples are joined offline with
-the launch stacks the capture holds (`aiflame import`). The parsers are symbolize/vendor/xe_eu_stall.py,
-symbolize/vendor/rocprof_pc.py and symbolize/vendor/cupti_stream.py (the stream aiflame's CUPTI injection library
-writes, folded as `aiflame profile` folds it); another aiflame capture contributes its stall samples and GPU code.
+the launch stacks the capture holds (`aiflame import`). Each format is read, checked and converted by its own module
+beside this one, the one `aiflame profile` uses too: xe_eu_stall.py, rocprof_pc.py and cupti_stream.py (the stream
+aiflame's CUPTI injection library writes); another aiflame capture contributes its stall samples and GPU code. This
+module picks the files, refuses those of another kind and merges. It is below agent/ because it needs nothing of
+the host: files in, a capture out, on any machine.
 
 Every file is checked for being what its format says before anything is written: a file of another kind (an ELF
 binary, a text file, a capture given as a stream, bytes that are not whole records of the layout) is refused with
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from aiflame.core.errors import BadInput
 from aiflame.core.raw import Capture, CaptureFooter, GpuCode, RawStallSample
-from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS, XeParse, parse_records
+from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS, parse_records
 
 if TYPE_CHECKING:
     from aiflame.symbolize.vendor.rocprof_pc import CodeObject
@@ -106,7 +108,9 @@ def _import_xe(got: _Imported, records: list[Path], platform: str, record_size: 
     for path in records:
         data = _read(path, "Xe EU stall records")
         parsed = parse_records(data, platform, record_size=record_size, device=device)
-        _check_xe(path, parsed, platform, record_size)
+        refusal = parsed.refusal(str(path), platform, record_size)
+        if refusal:
+            raise ImportRecordsError(refusal)
         if not parsed.samples:
             got.notes.append(f"{path}: {parsed.records} EU stall records, none with a stall counted")
         got.stalls.extend(s if not pid else _with_pid(s, pid) for s in parsed.samples)
@@ -115,15 +119,17 @@ def _import_xe(got: _Imported, records: list[Path], platform: str, record_size: 
 
 def _import_rocprof(got: _Imported, records: list[Path], code_objects: list[tuple[int, Path]], device: int,
                     pid: int) -> None:
-    from aiflame.symbolize.vendor.rocprof_pc import code_object_from_elf
+    from aiflame.symbolize.vendor.rocprof_pc import amdgpu_refusal, code_object_from_elf
     from aiflame.symbolize.vendor.rocprof_pc import parse_records as parse_rocprof_records
 
     cos: dict[int, CodeObject] = {}
     for ident, path in code_objects:
         data = _read(path, "an AMDGPU code object")
-        _check_amdgpu(path, data)
+        refusal = amdgpu_refusal(data, str(path))
+        if refusal:
+            raise ImportRecordsError(refusal)
         cos[ident] = code_object_from_elf(ident, data)
-        got.code.append(GpuCode(cos[ident].digest, "amdgpu-elf", 0, str(path), data))
+        got.code.append(cos[ident].gpu_code(data, str(path)))
     for path in records:
         parsed = parse_rocprof_records(_read(path, "rocprofiler PC-sampling records"), code_objects=cos,
                                        pid=pid, device=device, label=str(path))
@@ -132,8 +138,7 @@ def _import_rocprof(got: _Imported, records: list[Path], code_objects: list[tupl
 
 
 def _import_cupti(got: _Imported, records: list[Path], pid: int) -> None:
-    from aiflame.agent.accel.cupti import stalls_from_stream
-    from aiflame.symbolize.vendor.cupti_stream import parse_stream
+    from aiflame.symbolize.vendor.cupti_stream import parse_stream, stalls_from_stream
 
     for path in records:
         stream = parse_stream(_read(path, "a CUPTI stream"), name=str(path), keep_pcs=False)
@@ -174,7 +179,6 @@ _MAGICS = ((b"\x7fELF", "an ELF file"), (b"AIFLCAP\n", "an aiflame capture (--fo
            (b"PK\x03\x04", "a zip file"), (b"\x89PNG", "a PNG image"))
 _EXPECTED_MAGIC = {"an AMDGPU code object": b"\x7fELF", "an aiflame capture": b"AIFLCAP\n",
                    "a CUPTI stream": b"AIFLCUPT"}
-_EM_AMDGPU = 224
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -207,22 +211,3 @@ def _is_text(data: bytes) -> bool:
             return False
         text = head[:e.start].decode()
     return all(c.isprintable() or c in "\n\r\t" for c in text)
-
-
-def _check_xe(path: Path, parsed: XeParse, platform: str, record_size: int) -> None:
-    """Refuse bytes that are not whole EU stall records of `platform`: a tail shorter than a record, or more than
-    1% of records with bits set where the layout has none (an Xe record of another platform, or not one at all)."""
-    hint = "not EU stall data, or a wrong --platform / --record-size"
-    if parsed.partial_bytes:
-        raise ImportRecordsError(f"{path}: {parsed.records * record_size + parsed.partial_bytes} bytes are not whole "
-                                 f"{record_size}-byte records ({hint})")
-    if parsed.foreign * 100 > parsed.records:
-        raise ImportRecordsError(f"{path}: {parsed.foreign} of {parsed.records} records are not {platform} EU stall "
-                                 f"records ({hint})")
-
-
-def _check_amdgpu(path: Path, data: bytes) -> None:
-    machine = int.from_bytes(data[18:20], "little") if len(data) >= 20 else -1
-    if machine != _EM_AMDGPU:
-        raise ImportRecordsError(f"{path}: an ELF file for machine {machine}, not an AMDGPU code object "
-                                 f"(e_machine {_EM_AMDGPU})")
