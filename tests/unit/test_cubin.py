@@ -127,6 +127,7 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "cubin"
 def test_arch_of_abi7_and_abi8_cubins(name: str, abi: int, e_flags: int) -> None:
     """Real cubins of both layouts (tests/data/cubin/README.md): ptxas 12.9 puts the SM in e_flags' low byte,
     13.5 in bits 8-15; the collector's cubin_arch and the parser read the same 80 from both."""
+    # Oracle: the compilers' -arch sm_80 that built them (README there), which cuobjdump confirms (EF_CUDA_SM80)
     data = (DATA / name).read_bytes()
     assert (data[8], struct.unpack_from("<I", data, 0x30)[0]) == (abi, e_flags)
     c = parse_cubin(data)
@@ -137,6 +138,7 @@ def test_arch_of_abi7_and_abi8_cubins(name: str, abi: int, e_flags: int) -> None
 @given(sm=st.integers(0, 255), abi=st.integers(0, 255), other=st.integers(0, 0xFFFFFFFF))
 def test_arch_by_abi_version(sm: int, abi: int, other: int) -> None:
     """Hand-built EM_CUDA headers: the SM in bits 0-7 up to ABI 7, bits 8-15 from ABI 8, whatever the other bits."""
+    # Oracle: by construction, the layout of the two real cubins above
     e_flags = (other & ~0xFF) | sm if abi <= 7 else (other & ~0xFF00) | sm << 8
     ident = b"\x7fELF\x02\x01\x01\x41" + bytes([abi]) + bytes(7)
     header = ident + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, 0, e_flags, 64, 0, 0, 64, 0, 0)

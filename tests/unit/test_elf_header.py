@@ -40,6 +40,7 @@ def test_random_bytes_decode_or_raise_one_line(data: bytes) -> None:
 def test_written_headers_read_back(is64: bool, little: bool, osabi: int, abi: int, e_type: int, machine: int,
                                    entry: int, phoff: int, shoff: int, flags: int,
                                    sizes: tuple[int, int, int, int, int, int], tail: bytes) -> None:
+    # Oracle: by construction: the header is packed here field by field as the ELF specification lays it out
     bo = "<" if little else ">"
     if not is64:
         entry, phoff, shoff = entry & 0xFFFFFFFF, phoff & 0xFFFFFFFF, shoff & 0xFFFFFFFF

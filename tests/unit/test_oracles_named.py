@@ -70,6 +70,7 @@ TRUTH: dict[str, str] = {
     "unit/test_chakra_check.py": "expand_prefixes_and_cli",
     "unit/test_chakra_replay.py": "checker_rejects_what_the_simulator_aborts_on",
     "unit/test_chakra_sim.py": "export_writes_the_network_and_checks",
+    "unit/test_elf_header.py": "random_bytes_decode_or_raise_one_line malformed_headers_say_what_is_wrong",
     "unit/test_cubin.py": (
         "bit_flips_in_headers_and_tables corrupt_line_programs lookup_outside_and_unknown not_a_cubin "
         "random_bytes_behind_a_cuda_elf_header truncated_cubins"),
@@ -149,7 +150,9 @@ TRUTH: dict[str, str] = {
     "unit/test_svg_diff.py": "",
     "unit/test_top_view.py": "the_leaf_is_never_cut_at_80_columns",
     "unit/test_usdt.py": "bad_args fuzz_args fuzz_never_crashes malformed",
-    "unit/test_xe_eu_stall.py": "fuzzed_buffers_never_raise_and_account_for_every_record platform_and_size_errors",
+    "unit/test_xe_eu_stall.py": (
+        "fuzzed_buffers_never_raise_and_account_for_every_record platform_and_size_errors "
+        "more_than_one_foreign_record_in_a_hundred_is_refused"),
     "unit/test_xe_stream.py": (
         "driver_without_eu_stall_is_explained_from_the_real_ioctl finds_only_xe_render_nodes "
         "open_errors_are_one_line_each query_reply_parsers_fail_only_with_one_line "

@@ -157,6 +157,7 @@ def test_code_object_kernels_from_a_real_elf(tmp_path: Path) -> None:
 
 def test_only_an_amdgpu_elf_is_a_code_object() -> None:
     """The ELF header, read by the one decoder (elf_format.parse_header), says which machine the code is for."""
+    # Oracle: by construction: e_machine 224 (EM_AMDGPU) or 62 (EM_X86_64) packed at its offset
     def header(machine: int) -> bytes:
         return b"\x7fELF\x02\x01\x01\x40\x03" + bytes(7) + struct.pack("<HHI", 3, machine, 1) + bytes(40)
 
