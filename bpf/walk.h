@@ -83,7 +83,11 @@ struct uw_state {
     u8 scan_ok;   /* the walk may scan the stack past code without CFI (samples; not launch stacks) */
     u8 scan_now;  /* the step stopped at such code: scan before the next step */
     u8 scans;     /* scans done in this walk */
-    u8 pad3;
+    u8 scan_retry;  /* the scan's last find was refused: search on above it (uw_scan_refused) */
+    u32 scan_n;   /* frames before the frame a scan found (0: none in question) */
+    u64 scan_bp;  /* bp when that scan began */
+    u64 scan_from;  /* where a search on above the refused find begins */
+    u64 scan_end;   /* the end of that scan's window (UW_SCAN_WORDS words above its sp) */
     u32 target;   /* the sampled process's target flags (samples) */
     u32 tid;      /* the walked thread */
     u32 victim;   /* round-robin: the rule cache entry to replace next in a set */
@@ -92,6 +96,7 @@ struct uw_state {
     u32 lo;
     u32 hi;
     u32 fail;   /* the frame's UW_STOP_* should frame pointers fail (in the map value, as lo and hi, for the verifier) */
+    u32 jit;    /* the frame is JIT code: its rbp means nothing, so no frame-pointer step (a scan where allowed) */
     u64 recent_maps;  /* 1 + the indexes in unwind_proc.m of the last four mappings searched, 16 bits each */
     /* Part of a page of the walked stack (a deep walk reads a return address, and often rbp, in every frame),
      * copied at the first word read in it (uw_read). Invalid (page_addr 0) at the start of each walk: the stack
@@ -286,6 +291,8 @@ static __always_inline void uw_begin(struct uw_state *st, u32 tid, u64 pc, u64 s
     st->scan_ok = scan_ok;
     st->scan_now = 0;
     st->scans = 0;
+    st->scan_retry = 0;
+    st->scan_n = 0;
 }
 
 /* One frame of the user stack from st into data[st->n]: CFI rows where the mapping has a table, frame pointers
@@ -317,14 +324,15 @@ static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct
             }
         }
         st->fail = UW_STOP_NO_MAPPING;
-        u32 jit = 0;  /* JIT code: its rbp means nothing, so no frame-pointer step (scanned past where allowed) */
+        st->jit = 0;
         u32 cfa_type = CFA_NONE;
         struct unwind_rule *r = NULL;
         if (m) {
             st->fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED : UW_STOP_FP_END;
-            jit = m->first_row == UW_ROWS_JIT;
-            if (jit)
+            if (m->first_row == UW_ROWS_JIT) {
                 st->fail = UW_STOP_NOT_COVERED;
+                st->jit = 1;
+            }
             if (m->nrows) {
                 u64 addr = look - m->bias;
                 u32 rule = addr >> 32 ? 0 : uw_find_rule(st, m, (u32)addr);
@@ -390,7 +398,7 @@ static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct
         } else {
             /* frame pointers: [bp] = the caller's bp, [bp + 8] = the return address */
             u64 frame[2];
-            if (jit || bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
+            if (st->jit || bp < sp || bp - sp > AIFLAME_MAX_FRAME_BYTES || (bp & 7) ||
                 uw_read(st, &frame[0], bp) != 0 || uw_read(st, &frame[1], bp + 8) != 0) {
                 if (st->fail == UW_STOP_NOT_COVERED && st->scan_ok && st->scans < UW_MAX_SCANS)
                     st->scan_now = 1;  /* uw_KIND_scan looks for the return address; the reason is set there */
@@ -435,12 +443,29 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
 /* One tail call's share of a walk (samples and probed calls alike): AIFLAME_UW_FRAMES more frames of `pid`'s
  * stack into data. Returns 1 while the walk goes on and may take another tail call, 0 when it is over or out of
  * tail calls (then marked as stopped by depth). */
+/* Whether the walk just failed on what the last scan found: the word it took for a return address led, within a
+ * frame, to an address in no mapping or a stack it could not read (a stale return address above sp: a JIT kernel's
+ * spilled values, oneDNN's among them). Then the walk goes back to before that find and the scan searches on above
+ * it, within the same window and the walk's UW_MAX_SCANS. */
+static __always_inline int uw_scan_refused(struct uw_state *st) {
+    u32 stop = st->why & 0xff;
+    if (!st->scan_n || st->n > st->scan_n + 2 || st->scans >= UW_MAX_SCANS ||
+        (stop != UW_STOP_NO_MAPPING && stop != UW_STOP_READ_FAULT))
+        return 0;
+    st->why &= ~0xffu;
+    st->scan_retry = 1;
+    st->scan_now = 1;
+    return 1;
+}
+
 static __always_inline int uw_walk_more(u64 *data, u32 pid, struct uw_state *st) {
     struct unwind_proc *up = unwind_procs.lookup(&pid);
     int done = up ? unwind_step(data, up, st) : 1;
     st->calls++;
-    if (done)
+    if (done) {
+        uw_scan_refused(st);
         return 0;
+    }
     if (st->calls < AIFLAME_MAX_STACK / AIFLAME_UW_FRAMES + 2)
         return 1;
     st->why |= UW_STOP_DEPTH;
@@ -475,11 +500,21 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
     st->scan_now = 0;
     st->scans++;
     struct unwind_proc *p = unwind_procs.lookup(&pid);
+    if (st->scan_retry) {  /* back to before the refused find (uw_scan_refused), on above it */
+        st->n = st->scan_n;
+        st->bp = st->scan_bp;
+        st->sp = st->scan_from;
+    } else {
+        st->scan_n = st->n;
+        st->scan_bp = st->bp;
+        st->scan_end = st->sp + 8 * UW_SCAN_WORDS;
+    }
+    st->scan_retry = 0;
     u64 sp = st->sp;
     int found = 0;
     for (int i = 0; p && i < UW_SCAN_WORDS; i++) {
         u64 at = sp + 8 * i, v = 0;
-        if (uw_read(st, &v, at) != 0)
+        if (at >= st->scan_end || uw_read(st, &v, at) != 0)
             break;
         if (v < 4096)
             continue;
@@ -487,6 +522,7 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
             continue;
         st->pc = v;
         st->sp = at + 8;
+        st->scan_from = at + 8;
         st->why |= UW_USED_SCAN;
         found = 1;
         break;
