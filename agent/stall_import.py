@@ -13,20 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, Unreadable
 from aiflame.core.raw import Capture, CaptureFooter, GpuCode, RawStallSample
 from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS, XeParse, parse_records
 
 if TYPE_CHECKING:
     from aiflame.symbolize.vendor.rocprof_pc import CodeObject
 
-__all__ = ["FORMATS", "LAYOUTS", "ImportRecordsError", "ImportResult", "import_records"]
+__all__ = ["FORMATS", "LAYOUTS", "ImportResult", "import_records"]
 
 FORMATS = ("xe", "rocprof", "cupti", "capture")
-
-
-class ImportRecordsError(BadInput):
-    """Records cannot be imported as asked; the message is one line."""
 
 
 @dataclass
@@ -53,18 +49,18 @@ def import_records(
     code_objects: list[tuple[int, Path]] | None = None,
 ) -> ImportResult:
     """Parse `records` and write `capture` plus their samples to `output` (atomically; `output` may be `capture`
-    itself, replaced only when the caller says so). Raises ImportRecordsError, CaptureError or a SymbolizeError,
-    each one line, before anything is written."""
+    itself, replaced only when the caller says so). Raises BadInput (Unreadable for records or a capture that
+    cannot be read), one line, before anything is written."""
     # here, not at the top: `aiflame` imports this module for FORMATS and LAYOUTS when it builds its parser
     from aiflame.core.capture import read_capture, write_capture
 
     if fmt not in FORMATS:
-        raise ImportRecordsError(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
+        raise BadInput(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
     cap = read_capture(capture)
     got = _Imported()
     if fmt == "xe":
         if platform is None:
-            raise ImportRecordsError("--platform is required for Xe records (pvc, xe2 or xe3p)")
+            raise BadInput("--platform is required for Xe records (pvc, xe2 or xe3p)")
         _import_xe(got, records, platform, record_size, device, pid)
     elif fmt == "rocprof":
         _import_rocprof(got, records, code_objects or [], device, pid)
@@ -184,15 +180,15 @@ def _read(path: Path, what: str) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise ImportRecordsError(f"{path}: {e.strerror}") from None
+        raise Unreadable(f"{path}: {e.strerror}") from None
     if not data:
-        raise ImportRecordsError(f"{path}: empty file, not {what}")
+        raise Unreadable(f"{path}: empty file, not {what}")
     expected = _EXPECTED_MAGIC.get(what)
     for magic, kind in _MAGICS:
         if data.startswith(magic) and magic != expected:
-            raise ImportRecordsError(f"{path}: {kind}, not {what}")
+            raise Unreadable(f"{path}: {kind}, not {what}")
     if not (expected and data.startswith(expected)) and _is_text(data):
-        raise ImportRecordsError(f"{path}: a text file, not {what}")
+        raise Unreadable(f"{path}: a text file, not {what}")
     return data
 
 
@@ -214,15 +210,15 @@ def _check_xe(path: Path, parsed: XeParse, platform: str, record_size: int) -> N
     1% of records with bits set where the layout has none (an Xe record of another platform, or not one at all)."""
     hint = "not EU stall data, or a wrong --platform / --record-size"
     if parsed.partial_bytes:
-        raise ImportRecordsError(f"{path}: {parsed.records * record_size + parsed.partial_bytes} bytes are not whole "
-                                 f"{record_size}-byte records ({hint})")
+        raise Unreadable(f"{path}: {parsed.records * record_size + parsed.partial_bytes} bytes are not whole "
+                         f"{record_size}-byte records ({hint})")
     if parsed.foreign * 100 > parsed.records:
-        raise ImportRecordsError(f"{path}: {parsed.foreign} of {parsed.records} records are not {platform} EU stall "
-                                 f"records ({hint})")
+        raise Unreadable(f"{path}: {parsed.foreign} of {parsed.records} records are not {platform} EU stall "
+                         f"records ({hint})")
 
 
 def _check_amdgpu(path: Path, data: bytes) -> None:
     machine = int.from_bytes(data[18:20], "little") if len(data) >= 20 else -1
     if machine != _EM_AMDGPU:
-        raise ImportRecordsError(f"{path}: an ELF file for machine {machine}, not an AMDGPU code object "
-                                 f"(e_machine {_EM_AMDGPU})")
+        raise Unreadable(f"{path}: an ELF file for machine {machine}, not an AMDGPU code object "
+                         f"(e_machine {_EM_AMDGPU})")

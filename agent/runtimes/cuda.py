@@ -29,8 +29,9 @@ from aiflame.agent.runtimes.base import (
     copy_refused,
     drop_pid,
 )
+from aiflame.core.errors import Unreadable
 from aiflame.core.raw import GpuCode, RawEvent
-from aiflame.symbolize.accel.fatbin import FATBIN_MAGIC, FatbinError, fatbin_size
+from aiflame.symbolize.accel.fatbin import FATBIN_MAGIC, fatbin_size
 
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
 MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}
@@ -113,7 +114,7 @@ def code_object_size(head: bytes) -> tuple[str, int] | None:
     if len(head) >= 16 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC:
         try:
             return "fatbin", fatbin_size(head[:16])
-        except FatbinError:
+        except Unreadable:
             return None
     if len(head) >= 64 and head[:4] == b"\x7fELF" and head[4] == 2:
         shoff, = struct.unpack_from("<Q", head, 0x28)

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from aiflame.agent.stall_import import FORMATS, LAYOUTS
-from aiflame.cli.commands import UsageError, warn
+from aiflame.cli.commands import warn
+from aiflame.core.errors import UsageError
 
 NAME = "import"
 HELP = ("merge accelerator stall records (Xe EU stall, rocprofiler PC sampling, a CUPTI stream, another capture) "
