@@ -26,19 +26,17 @@ from dataclasses import dataclass, field
 from aiflame.agent.dump_native import _Names, _Ptrace, _read, _Unwinder
 from aiflame.agent.python.detect import (
     PyTarget,
-    PythonNotLoaded,
-    PythonUnsupported,
     current_frame,
     detect_python,
     read_frame,
     tstate_tid,
 )
-from aiflame.core.errors import BadInput, TargetGone
+from aiflame.core.errors import BadInput, HostError, TargetGone
 from aiflame.core.model import Frame, FrameKind
 from aiflame.core.python_layouts import PyLayout
 from aiflame.core.raw import RawPyFrame
 from aiflame.symbolize.native import NativeSymbolizer
-from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
+from aiflame.symbolize.process_memory import ProcessMemory
 from aiflame.symbolize.python.code import CodeResolver, line_for
 from aiflame.symbolize.python.merge import fold_interpreter, merge, python_runs
 
@@ -155,7 +153,7 @@ def _gil_holder(mem: ProcessMemory, t: PyTarget) -> int | None:
             return None
         locked = int.from_bytes(mem.read(gil + locked_off, 4), "little")
         return mem.u64(gil + holder_off) if locked else 0
-    except ProcessMemoryError:
+    except TargetGone:
         return None
 
 
@@ -179,10 +177,7 @@ def dump_process(pid: int, native: NativeSymbolizer, *, stop: bool = True, nativ
     states = {tid: _thread_state(pid, tid) for tid in tids}  # before stopping: a stop changes every state
     if not _read(f"/proc/{pid}/maps", 1) and not _read(f"/proc/{pid}/cmdline", 1) and os.path.exists(f"/proc/{pid}"):
         raise BadInput(f"pid {pid} is a kernel thread: it has no user-space stack to dump")
-    try:
-        mem = ProcessMemory(pid)
-    except ProcessMemoryError as e:
-        raise TargetGone(str(e)) from None
+    mem = ProcessMemory(pid)
     resolver = None
     try:  # the process's memory (and the code resolver's) closed whatever happens from here
         target = _detect(pid, res)
@@ -205,7 +200,7 @@ def _detect(pid: int, res: DumpResult) -> PyTarget | None:
     """The target's Python runtime, noted in `res`; None (and why, in its notes) when there is none to read."""
     try:
         target = detect_python(pid)
-    except (PythonUnsupported, PythonNotLoaded) as e:
+    except HostError as e:  # PythonNotLoaded among them
         res.notes.append(str(e))
         return None
     except OSError as e:
@@ -245,7 +240,7 @@ def _read_threads(pid: int, tids: list[int], mem: ProcessMemory, target: PyTarge
         if target is not None:
             try:
                 tstates = _python_threads(mem, target)
-            except ProcessMemoryError as e:
+            except TargetGone as e:
                 res.notes.append(f"Python thread states unreadable: {e}")
             holder = _gil_holder(mem, target)
             res.gil_known = holder is not None
@@ -260,7 +255,7 @@ def _read_threads(pid: int, tids: list[int], mem: ProcessMemory, target: PyTarge
             if ts is not None and target is not None:
                 try:
                     pyf = _py_frames(mem, ts, target.layout)
-                except ProcessMemoryError:
+                except TargetGone:
                     pyf = []
             raw[tid] = (pcs, pyf)
     finally:

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 
 from aiflame.agent.procmaps import read_maps
+from aiflame.core.errors import TargetGone, Unreadable
 from aiflame.core.model import Frame, FrameKind
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt import cfi
 from aiflame.symbolize.objfmt.cfi.table import (
@@ -30,7 +30,7 @@ from aiflame.symbolize.objfmt.cfi.table import (
     UnwindTable,
 )
 from aiflame.symbolize.objfmt.elf import ElfFile
-from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
+from aiflame.symbolize.process_memory import ProcessMemory
 
 MAX_NATIVE = 128
 STOP_WAIT_S = 0.5  # how long all threads together get to stop (one in D state may never)
@@ -166,7 +166,7 @@ class _Unwinder:
                 return
             m.bias = m.start - vaddr
             m.table = cfi.load_or_build(where)
-        except (SymbolizeError, OSError) as e:
+        except (Unreadable, OSError) as e:
             self.errors.setdefault(m.path, str(e).replace(where, m.path))
 
     def unwind(self, rip: int, rsp: int, rbp: int) -> list[int]:
@@ -207,7 +207,7 @@ class _Unwinder:
                     cfa = rbp + 16
                     ra = self.mem.u64(rbp + 8)
                     rbp = self.mem.u64(rbp)
-            except ProcessMemoryError:
+            except TargetGone:
                 break
             if not ra or cfa <= rsp:
                 break
@@ -232,7 +232,7 @@ class _Names:
         for path, offs in wanted.items():
             try:
                 self.frames[path] = native.symbolize(path, None, offs)
-            except SymbolizeError:
+            except Unreadable:
                 self.frames[path] = {}
 
     def stack(self, pcs: list[int]) -> list[Frame]:

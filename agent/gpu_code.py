@@ -8,11 +8,11 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
+from aiflame.core.errors import Refused, Unreadable
 from aiflame.core.raw import GpuCode, RawEvent
-from aiflame.core.safe_files import FileRefused, open_regular
+from aiflame.core.safe_files import open_regular
 from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.accel.fatbin import FatbinEntry, iter_entries, iter_file_entries
-from aiflame.symbolize.errors import SymbolizeError
 
 MAX_FATBIN_BYTES = 1 << 30
 REGISTRATIONS = ("__cudaRegisterFatBinary", "__cudaRegisterFunction")
@@ -25,7 +25,7 @@ def _file_entries(path: str, offset: int, size: int, label: str) -> Iterator[Fat
         return None
     try:
         fd, _st = open_regular(path)
-    except (OSError, FileRefused):
+    except (OSError, Refused):
         return None
 
     def entries() -> Iterator[FatbinEntry]:
@@ -102,13 +102,13 @@ def _cubins_with(entries: Iterator[FatbinEntry], names: set[str], origin: str, s
                 continue
             try:
                 cubin = parse_cubin(entry.data, label=f"{label} sm_{entry.arch}", digest=entry.digest)
-            except SymbolizeError as e:
+            except Unreadable as e:
                 warnings.append(str(e))
                 continue
             if names & cubin.kernels.keys():
                 seen.add(entry.digest)
                 out.append(GpuCode(entry.digest, "cubin", cubin.arch, origin, entry.data))
-    except SymbolizeError as e:
+    except Unreadable as e:
         warnings.append(str(e))
     return out
 

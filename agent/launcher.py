@@ -10,7 +10,7 @@ import shutil
 import signal
 import time
 
-from aiflame.agent.preflight import SessionError
+from aiflame.core.errors import BadInput
 
 _PR_SET_PDEATHSIG = 1
 
@@ -22,7 +22,7 @@ class Launcher:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, end_with_us: bool = True) -> None:
         exe = shutil.which(argv[0])
         if exe is None:
-            raise SessionError(f"command not found: {argv[0]}")
+            raise BadInput(f"command not found: {argv[0]}")
         gate_r, gate_w = os.pipe()
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         parent = os.getpid()
@@ -58,7 +58,7 @@ class Launcher:
         os.close(self._err)
         if msg:
             self.wait()
-            raise SessionError(f"cannot run command: {msg.decode(errors='replace')}")
+            raise BadInput(f"cannot run command: {msg.decode(errors='replace')}")
 
     def abort(self) -> None:
         try:

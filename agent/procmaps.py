@@ -8,9 +8,9 @@ import os
 
 import psutil
 
-from aiflame.core.errors import AiflameError
+from aiflame.core.errors import AiflameError, Refused
 from aiflame.core.raw import Mapping, ProcessSnapshot
-from aiflame.core.safe_files import FileRefused, open_regular
+from aiflame.core.safe_files import open_regular
 from aiflame.symbolize.objfmt.elf import read_build_id
 
 
@@ -52,7 +52,7 @@ def _build_id_of(path: str, expect: tuple[str, int] | None) -> str:
         if expect is not None:
             major, _, minor = expect[0].partition(":")
             if (st.st_ino, os.major(st.st_dev), os.minor(st.st_dev)) != (expect[1], int(major, 16), int(minor, 16)):
-                raise FileRefused(f"{path}: not the file mapped")
+                raise Refused(f"{path}: not the file mapped")
         return read_build_id(f"/proc/self/fd/{fd}") or ""
     finally:
         os.close(fd)

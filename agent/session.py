@@ -15,13 +15,14 @@ from aiflame.agent.accel.cupti import CuptiOptions, GpuSamples
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.launcher import Launcher
 from aiflame.agent.pipeline import FIRST_COLLECTIVE, CapturePipeline, SessionStats, mono_ns
-from aiflame.agent.preflight import SessionError, check_out_dir, check_pid, check_root, check_tracefs
+from aiflame.agent.preflight import check_out_dir, check_pid, check_root, check_tracefs
 from aiflame.agent.procs import alive, descendants, own_cpu_s
 from aiflame.agent.runtimes.manager import Attached
 from aiflame.core.capture import CaptureWriter, new_header
+from aiflame.core.errors import BadInput
 from aiflame.core.raw import CaptureFooter, CaptureHeader
 
-__all__ = ["Session", "SessionConfig", "SessionError", "SessionResult", "SessionStats", "check_pid", "check_root"]
+__all__ = ["Session", "SessionConfig", "SessionResult", "SessionStats", "check_pid", "check_root"]
 
 POLL_S = 0.1
 
@@ -65,9 +66,9 @@ class Session:
                  on_status: Callable[[str], None] | None = None) -> None:
         if config.all_processes:
             if config.pid is not None or config.command or not config.sampler.all_processes:
-                raise SessionError("the whole host (-a) takes no --pid or command, and samples every process")
+                raise BadInput("the whole host (-a) takes no --pid or command, and samples every process")
         elif (config.pid is None) == (not config.command):
-            raise SessionError("give either --pid PID or -- CMD ARGS")
+            raise BadInput("give either --pid PID or -- CMD ARGS")
         self.cfg = config
         self.on_progress = on_progress
         self.on_status = on_status
@@ -113,7 +114,7 @@ class Session:
             if launcher and self.pipeline.probes:
                 self.pipeline.probes.consider(launcher.exe)  # static cudart in the program itself
             if not launcher and root_pid is not None and not alive(root_pid):
-                raise SessionError(f"process {root_pid} exited before the sampler attached")
+                raise BadInput(f"process {root_pid} exited before the sampler attached")
             return self._capture(sampler, launcher, root_pid, initial)
         finally:
             self.pipeline.close()

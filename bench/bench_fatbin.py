@@ -25,7 +25,8 @@ from pathlib import Path
 
 from common import conditions, save
 
-from aiflame.symbolize.accel.cubin import CubinError, parse_cubin
+from aiflame.core.errors import Unreadable
+from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.accel.fatbin import find_fatbins, iter_entries, read_fatbin_file
 
 GENERATED = r"""
@@ -78,7 +79,7 @@ def one_run(path: str) -> dict[str, float | int]:
         try:
             c = parse_cubin(e.data, digest=e.digest)
             lines = c.lines()
-        except CubinError:
+        except Unreadable:
             continue
         code += c.has_code
         kernels += len(c.kernels)

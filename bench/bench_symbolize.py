@@ -23,7 +23,7 @@ import time
 
 from common import conditions, save
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf import ElfFile, read_build_id
 
 _LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -38,7 +38,7 @@ def default_binary() -> str | None:
     for p in candidates:
         try:
             read_build_id(p)
-        except SymbolizeError:
+        except Unreadable:
             continue
         elves.append(p)
     return max(elves, key=os.path.getsize) if elves else None

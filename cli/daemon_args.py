@@ -7,7 +7,8 @@ import argparse
 from typing import Any
 
 from aiflame.agent.daemon.config import ControlConfig
-from aiflame.agent.daemon.protocol import ProtocolError, Request, request
+from aiflame.agent.daemon.protocol import Request, request
+from aiflame.core.errors import BadInput
 
 DEFAULT_SOCKET = str(ControlConfig().socket)
 
@@ -27,8 +28,8 @@ def add_socket(p: argparse.ArgumentParser) -> None:
 
 
 def ask(socket: str, req: Request, timeout_s: float) -> dict[str, Any]:
-    """The daemon's answer to `req`; ProtocolError when it cannot be reached or refuses."""
+    """The daemon's answer to `req`; BadInput when it cannot be reached or refuses."""
     resp = request(socket, req, timeout_s)
     if not resp.ok:
-        raise ProtocolError(resp.error or "the daemon refused the request")
+        raise BadInput(resp.error or "the daemon refused the request")
     return resp.data

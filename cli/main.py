@@ -32,7 +32,7 @@ from aiflame.cli.commands import (
     top,
     trigger,
 )
-from aiflame.core.errors import AiflameError
+from aiflame.core.errors import AiflameError, UsageError
 
 # In the order `aiflame --help` lists them.
 COMMANDS: tuple[Command, ...] = (profile, export, render, report, chakra, annotate, import_, gpu_symbols,
@@ -40,23 +40,14 @@ COMMANDS: tuple[Command, ...] = (profile, export, render, report, chakra, annota
                                  dump)
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
-USAGE_ERROR = 2  # argparse's status for a command line it cannot parse
-
-
-class _ParseError(Exception):
-    """A command line argparse refused; `main` prints it as one line."""
-
-    def __init__(self, message: str, prog: str) -> None:
-        super().__init__(message)
-        self.prog = prog
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, except that a usage error is raised (one line, printed by `main`) rather than printed with the
-    usage; the subcommands' parsers are of this class too."""
+    """argparse, except that a usage error is raised as a UsageError (one line, printed by `main`) rather than
+    printed with the usage; the subcommands' parsers are of this class too."""
 
     def error(self, message: str) -> NoReturn:
-        raise _ParseError(message, self.prog)
+        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,13 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except _ParseError as e:
-        return error(f"{e} (see '{e.prog} --help')", USAGE_ERROR)
+    except UsageError as e:
+        return error(str(e), e.exit_code)
     except SystemExit as e:  # --help and --version (0): already printed
-        return e.code if isinstance(e.code, int) else USAGE_ERROR
+        return e.code if isinstance(e.code, int) else UsageError.exit_code
     if args.cmd is None:
         parser.print_help()
-        return 2
+        return UsageError.exit_code
     args.argv = argv  # the command line as given, for the capture's header
     command = next(c for c in COMMANDS if c.NAME == args.cmd)
     try:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from aiflame.cli.commands import UsageError
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, UsageError
 from aiflame.core.model import Profile
 from aiflame.exporters import REGISTRY, Exporter, Output
 

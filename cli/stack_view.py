@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.views import VIEWS
 
 if TYPE_CHECKING:
@@ -52,8 +53,8 @@ def load_view(path: Path, args: argparse.Namespace, folded: bool = False) -> Pro
 def load_profile(path: Path, options: StackOptions | None = None, view: str = "cpu",
                  debug_dirs: Sequence[str] = (), folded: bool = False) -> Profile:
     """A capture symbolized as `view` (symbolize/views.py); with `folded`, a folded-stacks file is read too.
-    Raises CaptureError, or the view's error when the capture has nothing for it."""
-    from aiflame.core.capture import CaptureError, is_capture
+    Raises Unreadable, or the view's error when the capture has nothing for it."""
+    from aiflame.core.capture import is_capture
     from aiflame.exporters.folded import parse_folded
     from aiflame.exporters.road import open_capture, symbolizer
 
@@ -62,13 +63,13 @@ def load_profile(path: Path, options: StackOptions | None = None, view: str = "c
     try:
         text = path.read_text()
     except UnicodeDecodeError:
-        raise CaptureError(f"{path}: neither an aiflame capture nor a folded-stacks file") from None
+        raise Unreadable(f"{path}: neither an aiflame capture nor a folded-stacks file") from None
     return parse_folded(text)
 
 
 def capture_files(paths: Sequence[Path]) -> list[Path]:
     """The captures named: files as given, a directory as the .aiflame files under it (sorted)."""
-    from aiflame.cli.commands import UsageError
+    from aiflame.core.errors import UsageError
 
     out: list[Path] = []
     for p in paths:

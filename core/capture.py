@@ -1,7 +1,7 @@
 """The capture file: MAGIC, then varint-length-delimited `Record` protobuf messages (aiflame_capture.proto).
 
 The writer streams records as they are collected (so a long capture's memory stays bounded) and ends with a
-Footer; the reader rejects foreign, truncated or corrupt files with one clear CaptureError line. A capture cut
+Footer; the reader rejects foreign, truncated or corrupt files with one clear Unreadable line. A capture cut
 short (its writer killed) is read with `partial=True`, up to its last whole record; `recover_capture` writes
 that as a complete capture (`aiflame recover`).
 
@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 
 from aiflame import __version__
 from aiflame.core import aiflame_capture_pb2 as pb
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, Refused, Unreadable
 from aiflame.core.raw import (
     Capture,
     CaptureFooter,
@@ -40,7 +40,7 @@ from aiflame.core.raw import (
     RawSample,
     RawStallSample,
 )
-from aiflame.core.safe_files import FileRefused, OutputDir
+from aiflame.core.safe_files import OutputDir
 
 MAGIC = b"AIFLCAP\n"
 FORMAT_VERSION = 1
@@ -52,10 +52,6 @@ READ_VERSION = OFF_CPU_FORMAT_VERSION  # the newest format this aiflame reads
 # STALL_BATCH samples or STALL_BATCH_BYTES, and any other record passing the limit is refused by the writer.
 MAX_RECORD = 64 << 20
 MAX_PIECE = 16 << 20
-
-
-class CaptureError(BadInput):
-    """A capture file cannot be read or written; the message is one user-facing line."""
 
 
 def _varint(n: int) -> bytes:
@@ -88,12 +84,12 @@ def new_header(frequency_hz: int, event: str, argv: Sequence[str], target: str,
 
 
 def is_capture(path: str | os.PathLike[str]) -> bool:
-    """Whether the file at `path` starts with the capture MAGIC; CaptureError when it cannot be read."""
+    """Whether the file at `path` starts with the capture MAGIC; Unreadable when it cannot be read."""
     try:
         with open(path, "rb") as f:
             return f.read(len(MAGIC)) == MAGIC
     except OSError as e:
-        raise CaptureError(f"{os.fsdecode(path)}: {e.strerror}") from None
+        raise Unreadable(f"{os.fsdecode(path)}: {e.strerror}") from None
 
 
 def header_to_pb(h: CaptureHeader) -> pb.Header:
@@ -185,13 +181,13 @@ class CaptureWriter:
         self._tmp = path.with_name(path.name + ".partial")
         try:
             self._dir = OutputDir.of_file(path)
-        except FileRefused as e:
-            raise CaptureError(f"cannot write {path}: {e}") from None
+        except Refused as e:
+            raise BadInput(f"cannot write {path}: {e}") from None
         try:
             self._f: BinaryIO = self._dir.fdopen(self._dir.create(self._tmp.name, replace=True))
         except OSError as e:
             self._dir.close()
-            raise CaptureError(f"cannot write {path}: {e.strerror}") from None
+            raise BadInput(f"cannot write {path}: {e.strerror}") from None
         self._f.write(MAGIC)
         self.samples_written = 0
         self.events_written = 0
@@ -202,8 +198,8 @@ class CaptureWriter:
     def _write(self, rec: pb.Record) -> None:
         data = rec.SerializeToString()
         if len(data) > MAX_RECORD:
-            raise CaptureError(f"cannot write {self.path}: a {rec.WhichOneof('body')} record of {len(data)} bytes "
-                               f"passes the {MAX_RECORD >> 20} MiB record limit")
+            raise Refused(f"cannot write {self.path}: a {rec.WhichOneof('body')} record of {len(data)} bytes "
+                          f"passes the {MAX_RECORD >> 20} MiB record limit")
         self._f.write(_varint(len(data)))
         self._f.write(data)
 
@@ -304,12 +300,13 @@ def write_capture(path: Path, cap: Capture) -> None:
     w.close(cap.footer or CaptureFooter())
 
 
-class _Cut(CaptureError):
-    """The data ends inside a record (a capture whose writer was killed)."""
+class _Cut(Unreadable):
+    """The data ends inside a record (a capture whose writer was killed): `iter_records` ends the records there
+    when asked for what a cut capture holds (`recover`), and it is Unreadable like any other damage otherwise."""
 
 
 def iter_records(data: bytes, name: str = "capture", *, partial: bool = False) -> Iterator[pb.Record]:
-    """Decode the records of a capture held in memory; raises CaptureError on anything malformed. With `partial`,
+    """Decode the records of a capture held in memory; raises Unreadable on anything malformed. With `partial`,
     data that ends inside a record ends the records instead (what a killed writer leaves), and a whole record
     over MAX_RECORD (older writers stored large cubins whole) is taken, so that `recover` can rewrite it."""
     try:
@@ -321,7 +318,7 @@ def iter_records(data: bytes, name: str = "capture", *, partial: bool = False) -
 
 def _records(data: bytes, name: str, *, oversize: bool) -> Iterator[pb.Record]:
     if not data.startswith(MAGIC):
-        raise CaptureError(f"{name}: not an aiflame capture (bad magic)")
+        raise Unreadable(f"{name}: not an aiflame capture (bad magic)")
     pos, n = len(MAGIC), len(data)
     idx = 0
     while pos < n:
@@ -336,18 +333,18 @@ def _records(data: bytes, name: str, *, oversize: bool) -> Iterator[pb.Record]:
             if not b & 0x80:
                 break
             if shift > 63:
-                raise CaptureError(f"{name}: corrupt record length at record {idx}")
+                raise Unreadable(f"{name}: corrupt record length at record {idx}")
         if pos + length > n:
             raise _Cut(f"{name}: truncated at record {idx}")
         if length > MAX_RECORD and not oversize:
-            raise CaptureError(f"{name}: record {idx} is {length} bytes, over the {MAX_RECORD >> 20} MiB a record "
-                               "may hold (an older aiflame stored large cubins whole): "
-                               f"`aiflame recover {name}` rewrites it")
+            raise Refused(f"{name}: record {idx} is {length} bytes, over the {MAX_RECORD >> 20} MiB a record "
+                          "may hold (an older aiflame stored large cubins whole): "
+                          f"`aiflame recover {name}` rewrites it")
         rec = pb.Record()
         try:
             rec.ParseFromString(data[pos:pos + length])
         except DecodeError:
-            raise CaptureError(f"{name}: corrupt record {idx}") from None
+            raise Unreadable(f"{name}: corrupt record {idx}") from None
         pos += length
         idx += 1
         yield rec
@@ -365,11 +362,11 @@ def _add_gpu_code(cap: Capture, g: pb.GpuCode, pieces: dict[str, tuple[pb.GpuCod
         return
     if g.offset == 0:
         if g.size > MAX_RECORD << 4:
-            raise CaptureError(f"{name}: corrupt capture (a code object of {g.size} bytes)")
+            raise Unreadable(f"{name}: corrupt capture (a code object of {g.size} bytes)")
         pieces[g.digest] = (g, bytearray())
     head = pieces.get(g.digest)
     if head is None or len(head[1]) != g.offset or g.offset + len(g.data) > head[0].size:
-        raise CaptureError(f"{name}: corrupt capture (code object {g.digest[:12]}: a piece out of order)")
+        raise Unreadable(f"{name}: corrupt capture (code object {g.digest[:12]}: a piece out of order)")
     first, buf = head
     buf += g.data
     if len(buf) == first.size:
@@ -378,33 +375,33 @@ def _add_gpu_code(cap: Capture, g: pb.GpuCode, pieces: dict[str, tuple[pb.GpuCod
 
 
 def read_capture(path: Path, *, partial: bool = False) -> Capture:
-    """Read a whole capture file; CaptureError for missing, foreign, newer, truncated or corrupt files. With
+    """Read a whole capture file; Unreadable for missing, foreign, newer, truncated or corrupt files. With
     `partial`, a capture cut short (no footer, a last record cut off) reads up to its last whole record, with
     `footer` None."""
     name = str(path)
     try:
         data = Path(path).read_bytes()
     except IsADirectoryError:
-        raise CaptureError(f"{name}: is a directory, not a capture file") from None
+        raise Unreadable(f"{name}: is a directory, not a capture file") from None
     except OSError as e:
-        raise CaptureError(f"{name}: {e.strerror}") from None
+        raise Unreadable(f"{name}: {e.strerror}") from None
     cap: Capture | None = None
     pieces: dict[str, tuple[pb.GpuCode, bytearray]] = {}  # code objects split over records, being joined
     for i, rec in enumerate(iter_records(data, name, partial=partial)):
         which = rec.WhichOneof("body")
         if i == 0:
             if which != "header":
-                raise CaptureError(f"{name}: corrupt capture (no header)")
+                raise Unreadable(f"{name}: corrupt capture (no header)")
             h = rec.header
             if h.format_version > READ_VERSION:
-                raise CaptureError(
+                raise Unreadable(
                     f"{name}: capture format {h.format_version} is newer than this aiflame reads ({READ_VERSION})"
                 )
             cap = Capture(header_from_pb(h))
             continue
         assert cap is not None
         if cap.footer is not None:
-            raise CaptureError(f"{name}: corrupt capture (records after the footer)")
+            raise Unreadable(f"{name}: corrupt capture (records after the footer)")
         if which == "sample":
             s = rec.sample
             cap.samples.append(RawSample(
@@ -440,14 +437,14 @@ def read_capture(path: Path, *, partial: bool = False) -> Capture:
                                        f.stop_reason, f.agent_cpu_s)
         # Unknown record kinds (a newer minor writer) are skipped.
     if cap is None:
-        raise CaptureError(f"{name}: empty capture")
+        raise Unreadable(f"{name}: empty capture")
     if cap.footer is None:
         if partial:
             return cap
-        raise CaptureError(f"{name}: truncated capture (no footer; the capture did not finish): "
-                           f"`aiflame recover {name}` writes what it holds as a complete capture")
+        raise Unreadable(f"{name}: truncated capture (no footer; the capture did not finish): "
+                         f"`aiflame recover {name}` writes what it holds as a complete capture")
     if cap.footer.samples != len(cap.samples):
-        raise CaptureError(
+        raise Unreadable(
             f"{name}: corrupt capture ({len(cap.samples)} samples, footer says {cap.footer.samples})"
         )
     return cap
@@ -469,6 +466,6 @@ def recover_capture(src: Path, dst: Path) -> Capture:
     try:
         with OutputDir.of_file(dst) as d:
             d.rename(tmp.name, dst.name)
-    except (OSError, FileRefused) as e:
-        raise CaptureError(f"cannot write {dst}: {e}") from None
+    except (OSError, Refused) as e:
+        raise BadInput(f"cannot write {dst}: {e}") from None
     return cap

@@ -15,13 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import Refused
 
-__all__ = ["AGENT_LIMITS", "Allowance", "LimitExceeded", "Limits", "charge", "charged_to", "current", "use"]
-
-
-class LimitExceeded(BadInput):
-    """An input is larger than we take in (one line: what, how large, the limit)."""
+__all__ = ["AGENT_LIMITS", "Allowance", "Limits", "charge", "charged_to", "current", "use"]
 
 
 @dataclass(frozen=True)
@@ -66,8 +62,8 @@ class Allowance:
     def take(self, n: int, what: str) -> None:
         if n > self.left:
             self.refused += 1
-            raise LimitExceeded(f"{what}: {n} bytes would pass what {self.label} may make us read "
-                                f"({self.left} bytes left)")
+            raise Refused(f"{what}: {n} bytes would pass what {self.label} may make us read "
+                          f"({self.left} bytes left)")
         self.left -= n
 
 
@@ -85,10 +81,10 @@ def charged_to(allowance: Allowance | None) -> Iterator[None]:
 
 
 def charge(n: int, what: str, cap: int) -> None:
-    """Take `n` bytes of `what` in: LimitExceeded when above `cap` (one of current()'s fields) or above what
+    """Take `n` bytes of `what` in: Refused when above `cap` (one of current()'s fields) or above what
     the process being served may still take (see charged_to)."""
     if n > cap:
-        raise LimitExceeded(f"{what}: {n} bytes, more than the {cap} taken in one piece")
+        raise Refused(f"{what}: {n} bytes, more than the {cap} taken in one piece")
     allowance = _allowance.get()
     if allowance is not None:
         allowance.take(n, what)

@@ -17,15 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import Unreadable
 
-__all__ = ["PyLayout", "PythonLayoutError", "known_versions", "layout_for", "layout_from_json"]
+__all__ = ["PyLayout", "known_versions", "layout_for", "layout_from_json"]
 
 _DATA = Path(__file__).with_name("python_layouts.json")
-
-
-class PythonLayoutError(BadInput):
-    """Layout data (the JSON table or a process's `_Py_DebugOffsets`) is malformed; one user-facing line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,31 +85,31 @@ _INT_FIELDS = tuple(f.name for f in dataclasses.fields(PyLayout) if f.name not i
 
 
 def layout_from_json(obj: Any) -> PyLayout:
-    """A PyLayout from one entry of layouts_data.json; PythonLayoutError when it is malformed."""
+    """A PyLayout from one entry of layouts_data.json; Unreadable when it is malformed."""
     if not isinstance(obj, dict):
-        raise PythonLayoutError("layout entry is not an object")
+        raise Unreadable("layout entry is not an object")
     version = obj.get("version")
     if (
         not isinstance(version, list)
         or len(version) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in version)
     ):
-        raise PythonLayoutError(f"layout entry has a bad version: {version!r}")
+        raise Unreadable(f"layout entry has a bad version: {version!r}")
     source = obj.get("source", "")
     if not isinstance(source, str):
-        raise PythonLayoutError("layout entry has a bad source")
+        raise Unreadable("layout entry has a bad source")
     kwargs: dict[str, int] = {}
     for name in _INT_FIELDS:
         if name not in obj:
             continue  # defaulted fields may be absent
         v = obj[name]
         if not isinstance(v, int) or isinstance(v, bool) or v < -1 or v > 1 << 20:
-            raise PythonLayoutError(f"layout {version[0]}.{version[1]}: bad {name}: {v!r}")
+            raise Unreadable(f"layout {version[0]}.{version[1]}: bad {name}: {v!r}")
         kwargs[name] = v
     try:
         return PyLayout(version=(version[0], version[1]), source=source, **kwargs)
     except TypeError as e:
-        raise PythonLayoutError(f"layout {version[0]}.{version[1]}: {e}") from None
+        raise Unreadable(f"layout {version[0]}.{version[1]}: {e}") from None
 
 
 @functools.cache
@@ -121,9 +117,9 @@ def _table() -> dict[tuple[int, int], PyLayout]:
     try:
         raw = json.loads(_DATA.read_text())
     except (OSError, ValueError) as e:
-        raise PythonLayoutError(f"{_DATA}: {e}") from None
+        raise Unreadable(f"{_DATA}: {e}") from None
     if not isinstance(raw, dict):
-        raise PythonLayoutError(f"{_DATA}: not a JSON object")
+        raise Unreadable(f"{_DATA}: not a JSON object")
     out = {}
     for entry in raw.values():
         lay = layout_from_json(entry)

@@ -25,18 +25,13 @@ import stat
 from collections.abc import Iterable
 from typing import BinaryIO
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import Refused
 
-__all__ = ["READ_FLAGS", "FileRefused", "OutputDir", "open_regular", "read_regular", "trusted_dir", "write_atomic"]
+__all__ = ["READ_FLAGS", "OutputDir", "open_regular", "read_regular", "trusted_dir", "write_atomic"]
 
 # For every read of a file someone else named: never a controlling terminal, never a blocking open.
 READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
-
-
-class FileRefused(BadInput):
-    """A file someone else named or controls is not one we read or write (not a regular file, too large, in a
-    directory others can change); one line naming it."""
 
 
 def _label(path: str | os.PathLike[str]) -> str:
@@ -47,13 +42,13 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = True,
                  dir_fd: int | None = None) -> tuple[int, os.stat_result]:
     """An fd (O_RDONLY|O_NOCTTY|O_NONBLOCK|O_CLOEXEC, the caller's to close) and the stat of the regular file at
     `path`. `follow=False`: a symlink as the last component is refused. Raises OSError as os.open does, and
-    FileRefused for anything but a regular file, which is never opened for reading at all."""
+    Refused for anything but a regular file, which is never opened for reading at all."""
     flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     handle = os.open(path, flags, dir_fd=dir_fd)
     try:
         st = os.fstat(handle)
         if not stat.S_ISREG(st.st_mode):
-            raise FileRefused(f"{_label(path)}: not a regular file")
+            raise Refused(f"{_label(path)}: not a regular file")
         # Reopening the O_PATH handle through /proc reaches the inode just checked, whatever the path names now.
         fd = os.open(f"/proc/self/fd/{handle}", READ_FLAGS)
     finally:
@@ -63,12 +58,12 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = True,
 
 def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = True,
                  dir_fd: int | None = None) -> bytes:
-    """The whole regular file at `path` (see open_regular), FileRefused when it holds more than `limit` bytes
+    """The whole regular file at `path` (see open_regular), Refused when it holds more than `limit` bytes
     (checked on what is read, not only on the size the file claims)."""
     fd, st = open_regular(path, follow=follow, dir_fd=dir_fd)
     try:
         if st.st_size > limit:
-            raise FileRefused(f"{_label(path)}: {st.st_size} bytes, more than the {limit} read from such a file")
+            raise Refused(f"{_label(path)}: {st.st_size} bytes, more than the {limit} read from such a file")
         chunks: list[bytes] = []
         got = 0
         while got <= limit:
@@ -78,7 +73,7 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = Tru
             chunks.append(chunk)
             got += len(chunk)
         if got > limit:
-            raise FileRefused(f"{_label(path)}: grew past the {limit} bytes read from such a file")
+            raise Refused(f"{_label(path)}: grew past the {limit} bytes read from such a file")
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -94,7 +89,7 @@ class OutputDir:
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            raise FileRefused(f"{self.path}: {e.strerror or e}") from None
+            raise Refused(f"{self.path}: {e.strerror or e}") from None
 
     @classmethod
     def adopt(cls, fd: int, path: str | os.PathLike[str]) -> OutputDir:
@@ -172,7 +167,7 @@ class OutputDir:
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o666) -> None:
     """Write `data` to `path` through a temporary file renamed into place, both relative to the directory's
-    descriptor (see OutputDir). OSError or FileRefused when it cannot."""
+    descriptor (see OutputDir). OSError or Refused when it cannot."""
     name = os.path.basename(os.fsdecode(path))
     with OutputDir.of_file(path) as d:
         d.write_atomic(name, data, mode)
@@ -181,28 +176,28 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o666) -
 def _check_private(st: os.stat_result, label: str, last: bool) -> None:
     euid = os.geteuid()
     if not stat.S_ISDIR(st.st_mode):
-        raise FileRefused(f"{label}: not a directory")
+        raise Refused(f"{label}: not a directory")
     if st.st_uid not in (0, euid):
-        raise FileRefused(f"{label}: owned by uid {st.st_uid}, not by us or root")
+        raise Refused(f"{label}: owned by uid {st.st_uid}, not by us or root")
     writable_by_others = st.st_mode & 0o022
     # A sticky directory others write into (/tmp) may lie above: nobody else can rename what we own there.
     if writable_by_others and (last or not st.st_mode & stat.S_ISVTX):
-        raise FileRefused(f"{label}: others can write to it (mode {st.st_mode & 0o7777:o})")
+        raise Refused(f"{label}: others can write to it (mode {st.st_mode & 0o7777:o})")
     if last and st.st_uid != euid:
-        raise FileRefused(f"{label}: not ours (owner uid {st.st_uid})")
+        raise Refused(f"{label}: not ours (owner uid {st.st_uid})")
 
 
 def trusted_dir(path: str | os.PathLike[str], *, create: bool = True, mode: int = 0o700) -> int:
     """An fd of directory `path` (absolute) such that nobody but us and root can change what it holds: every
     component owned by root or us and not writable by others (a sticky one above, like /tmp, is fine), the last
-    one ours; missing components are created with `mode`. Symlinks on the way are refused. FileRefused or
+    one ours; missing components are created with `mode`. Symlinks on the way are refused. Refused or
     OSError otherwise."""
     label = _label(path)
     if not os.path.isabs(label):
-        raise FileRefused(f"{label}: not an absolute path")
+        raise Refused(f"{label}: not an absolute path")
     parts = [p for p in label.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise FileRefused(f"{label}: has '..' in it")
+        raise Refused(f"{label}: has '..' in it")
     fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _check_private(os.fstat(fd), "/", not parts)
@@ -221,7 +216,7 @@ def trusted_dir(path: str | os.PathLike[str], *, create: bool = True, mode: int 
             except OSError as e:
                 if e.errno not in (errno.ENOTDIR, errno.ELOOP):
                     raise
-                raise FileRefused(f"/{'/'.join(parts[:i + 1])}: not a directory (or a symlink)") from None
+                raise Refused(f"/{'/'.join(parts[:i + 1])}: not a directory (or a symlink)") from None
             os.close(fd)
             fd = nxt
             _check_private(os.fstat(fd), "/" + "/".join(parts[:i + 1]), last)

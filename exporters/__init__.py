@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Exporter, ExportError, NothingToExport, Option, Output, frame_label
+from aiflame.core.errors import BadInput
+
+from .base import Exporter, Option, Output, frame_label
 from .chakra import ChakraExporter
 from .comm_plot import CommPlotExporter
 from .folded import FoldedExporter
@@ -15,9 +17,7 @@ from .svg import SvgExporter
 
 __all__ = [
     "REGISTRY",
-    "ExportError",
     "Exporter",
-    "NothingToExport",
     "Option",
     "Output",
     "frame_label",
@@ -43,7 +43,7 @@ REGISTRY: dict[str, type[Exporter]] = {
 def _exporter_class(name: str) -> type[Exporter]:
     cls = REGISTRY.get(name)
     if cls is None:
-        raise ExportError(f"unknown format {name!r}; choose from: {', '.join(sorted(REGISTRY))}")
+        raise BadInput(f"unknown format {name!r}; choose from: {', '.join(sorted(REGISTRY))}")
     return cls
 
 
@@ -52,23 +52,23 @@ def _option(cls: type[Exporter], key: str) -> Option:
         if opt.name == key:
             return opt
     valid = ", ".join(o.name for o in cls.options) or "none"
-    raise ExportError(f"format {cls.name!r} has no option {key!r}; valid options: {valid}")
+    raise BadInput(f"format {cls.name!r} has no option {key!r}; valid options: {valid}")
 
 
 def get_exporter(name: str, **options: object) -> Exporter:
-    """An exporter for format `name` configured with `options`; raises ExportError for bad names/options."""
+    """An exporter for format `name` configured with `options`; raises BadInput for bad names/options."""
     cls = _exporter_class(name)
     checked = {key: _option(cls, key).check(value) for key, value in options.items()}
     return cls(**checked)
 
 
 def parse_option_values(cls: type[Exporter], pairs: Sequence[str]) -> dict[str, object]:
-    """Convert CLI `key=value` strings to typed keyword arguments for `cls`; raises ExportError if bad."""
+    """Convert CLI `key=value` strings to typed keyword arguments for `cls`; raises BadInput if bad."""
     values: dict[str, object] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep:
-            raise ExportError(f"option {pair!r}: expected key=value")
+            raise BadInput(f"option {pair!r}: expected key=value")
         opt = _option(cls, key.strip())
         values[opt.name] = opt.parse(text)
     return values

@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from aiflame.core import safe_files
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, Refused
 from aiflame.core.model import Frame, FrameKind, Profile, Stack
 
 __all__ = [
-    "ExportError",
     "Exporter",
-    "NothingToExport",
     "Option",
     "Output",
     "StackLabeler",
@@ -30,15 +28,6 @@ __all__ = [
     "sanitize_label",
     "write_atomic",
 ]
-
-
-class ExportError(BadInput):
-    """A problem the user can fix (bad option, malformed input file); the message is one line."""
-
-
-class NothingToExport(ExportError):
-    """The profile holds nothing this format writes (Chakra without timed events): an error when the format was
-    asked for alone, a note when it is one of several written next to a capture."""
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -55,20 +44,20 @@ class Option:
     help: str
 
     def parse(self, text: str) -> object:
-        """Convert a command-line string to this option's type; raises ExportError if it does not fit."""
+        """Convert a command-line string to this option's type; raises BadInput if it does not fit."""
         if self.type is bool:
             word = text.strip().lower()
             if word in _TRUE:
                 return True
             if word in _FALSE:
                 return False
-            raise ExportError(f"option {self.name}: expected a boolean (1/0/true/false/yes/no), got {text!r}")
+            raise BadInput(f"option {self.name}: expected a boolean (1/0/true/false/yes/no), got {text!r}")
         if self.type is int or self.type is float:
             try:
                 return int(text) if self.type is int else float(text)
             except ValueError:
                 kind = "an integer" if self.type is int else "a number"
-                raise ExportError(f"option {self.name}: expected {kind}, got {text!r}") from None
+                raise BadInput(f"option {self.name}: expected {kind}, got {text!r}") from None
         return text
 
     def check(self, value: object) -> object:
@@ -78,7 +67,7 @@ class Option:
         # bool is a subclass of int, so an int option must not silently take True/False.
         ok = isinstance(value, self.type) and not (self.type is not bool and isinstance(value, bool))
         if not ok:
-            raise ExportError(
+            raise BadInput(
                 f"option {self.name}: expected {self.type.__name__}, got {type(value).__name__} {value!r}"
             )
         return value
@@ -133,11 +122,11 @@ class Exporter(abc.ABC):
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file renamed into place, both relative to the directory's
     descriptor with O_EXCL|O_NOFOLLOW (core/safe_files.py: a user who owns the directory cannot redirect it);
-    ExportError when it cannot."""
+    BadInput when it cannot."""
     try:
         safe_files.write_atomic(path, data)
-    except (OSError, safe_files.FileRefused) as e:
-        raise ExportError(f"cannot write {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from e
+    except (OSError, Refused) as e:
+        raise BadInput(f"cannot write {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from e
 
 
 # Characters that end a line for str.splitlines(); any of them would split a folded line in some reader.

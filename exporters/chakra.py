@@ -9,15 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiflame.core.errors import BadInput, NothingToShow, Unreadable
 from aiflame.core.model import Profile
 
 from .base import Exporter, Option, Output, write_atomic
 
 if TYPE_CHECKING:
     from .chakra_calibration import Calibration
-from .chakra_nodes import COMP, ChakraError, ChakraTraces, EtNode, RankTrace, RulesBroken, build_traces, node_types
+from .chakra_nodes import COMP, ChakraTraces, EtNode, RankTrace, build_traces, node_types
 
-__all__ = ["ChakraError", "ChakraExporter", "decode_et", "encode_rank", "write_traces"]
+__all__ = ["ChakraExporter", "decode_et", "encode_rank", "write_traces"]
 
 VERSION = "0.0.4"  # what ASTRA-sim's examples carry; no consumer checks it
 
@@ -28,8 +29,8 @@ def _schema() -> tuple[Any, Any]:
         from chakra.schema.protobuf import et_def_pb2
         from chakra.src.third_party.utils import protolib
     except ImportError as e:
-        raise ChakraError(f"the Chakra schema is not importable ({e}): pip install --no-deps mlc-chakra==1.0.0"
-                          ) from None
+        raise BadInput(f"the Chakra schema is not importable ({e}): pip install --no-deps mlc-chakra==1.0.0"
+                       ) from None
     return et_def_pb2, protolib
 
 
@@ -71,14 +72,14 @@ def encode_rank(trace: RankTrace, base_ns: int) -> bytes:
 
 
 def decode_et(data: bytes) -> tuple[Any, list[Any]]:
-    """(GlobalMetadata, [Node]) of a `.et` file's bytes, with mlc-chakra's own decoder; ChakraError when the
+    """(GlobalMetadata, [Node]) of a `.et` file's bytes, with mlc-chakra's own decoder; Unreadable when the
     bytes are not a Chakra trace."""
     pb, protolib = _schema()
     f = io.BytesIO(data)
     meta = pb.GlobalMetadata()
     try:
         if not protolib.decodeMessage(f, meta):
-            raise ChakraError("empty or truncated Chakra trace (no metadata record)")
+            raise Unreadable("empty or truncated Chakra trace (no metadata record)")
         nodes = []
         while True:
             node = pb.Node()
@@ -86,22 +87,22 @@ def decode_et(data: bytes) -> tuple[Any, list[Any]]:
             if not protolib.decodeMessage(f, node):
                 break
             if f.tell() > len(data) or (f.tell() - pos) < 1:
-                raise ChakraError("truncated Chakra trace")
+                raise Unreadable("truncated Chakra trace")
             nodes.append(node)
-    except ChakraError:
+    except Unreadable:
         raise
     except Exception as e:  # the decoder raises protobuf's DecodeError and friends
-        raise ChakraError(f"malformed Chakra trace: {e}") from None
+        raise Unreadable(f"malformed Chakra trace: {e}") from None
     if f.tell() != len(data):
-        raise ChakraError(f"malformed Chakra trace: stopped at byte {f.tell()} of {len(data)}")
+        raise Unreadable(f"malformed Chakra trace: stopped at byte {f.tell()} of {len(data)}")
     return meta, nodes
 
 
 def _check_prefix(prefix: Path) -> None:
     if not prefix.name or prefix.name in (".", ".."):
-        raise ChakraError(f"{prefix}: give a file prefix (DIR/prefix), not a directory")
+        raise BadInput(f"{prefix}: give a file prefix (DIR/prefix), not a directory")
     if not prefix.parent.is_dir():
-        raise ChakraError(f"{prefix.parent}: no such directory")
+        raise BadInput(f"{prefix.parent}: no such directory")
 
 
 def write_traces(prof: Profile, prefix: Path, check: bool = True,
@@ -158,7 +159,7 @@ class ChakraExporter(Exporter):
     whole_capture = True
 
     def render(self, profile: Profile) -> bytes:
-        raise ChakraError("chakra writes one file per rank: write() them under a prefix")
+        raise BadInput("chakra writes one file per rank: write() them under a prefix")
 
     def __init__(self, check: bool = True, network: str = "") -> None:
         self.check = check
@@ -171,9 +172,9 @@ class ChakraExporter(Exporter):
         files, traces = write_traces(profile, path, check=self.check, calibration=cal)
         self.warnings = [*traces.warnings, *(str(p) for p in traces.problems)]
         errors = [p for p in traces.problems if p.severity == "error"]
-        if errors:
-            raise RulesBroken(f"the traces break {len(errors)} of ASTRA-sim's input rules, the simulator would not "
-                              f"run them to the end (`aiflame chakra check {path}` lists them): {errors[0]}")
+        if errors:  # no trace the simulator runs: as the capture without communication (exporters/write.py)
+            raise NothingToShow(f"the traces break {len(errors)} of ASTRA-sim's input rules, the simulator would not "
+                                f"run them to the end (`aiflame chakra check {path}` lists them): {errors[0]}")
         out = [Output(f, f"rank {rank}: " + ", ".join(f"{n} {k}" for k, n in sorted(node_types(t.nodes).items())))
                for f, (rank, t) in zip(files, sorted(traces.ranks.items()), strict=True)]
         what = (f"an ASTRA-sim network calibrated on capture {cal.source}" if cal else

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import ExportError
+from aiflame.core.errors import NothingToShow, Unreadable
+
 from .chakra_network import GIB, SMALL, SPLITS, TimedCall, timed_calls
 from .chakra_nodes import COLLECTIVE_MAP
 
@@ -39,10 +40,6 @@ if TYPE_CHECKING:
 MARK = "# aiflame-calibration: "
 MIN_SIZES = 3  # distinct sizes a call kind needs for its own line
 ALIASES = {"alltoallv": "alltoall", "allgatherv": "allgather", "ncclBcast": "ncclBroadcast"}
-
-
-class CalibrationError(ExportError):
-    """No calibration can be made from, or read in, the input; one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,23 +103,23 @@ MAX_FILE = 1 << 20  # a network file is a few lines
 
 
 def read_network_file(path: Path) -> str:
-    """The text of the network file at `path` (at most MAX_FILE bytes); CalibrationError (one line) otherwise."""
+    """The text of the network file at `path` (at most MAX_FILE bytes); Unreadable (one line) otherwise."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_FILE + 1)
     except OSError as e:
-        raise CalibrationError(f"{path}: {e.strerror or e}") from None
+        raise Unreadable(f"{path}: {e.strerror or e}") from None
     if len(raw) > MAX_FILE:
-        raise CalibrationError(f"{path}: over {MAX_FILE} bytes: not a network file")
+        raise Unreadable(f"{path}: over {MAX_FILE} bytes: not a network file")
     return raw.decode("utf-8", "replace")
 
 
 def load_calibration(path: Path) -> Calibration:
-    """The calibration in the network file at `path`; CalibrationError (one line) when there is none."""
+    """The calibration in the network file at `path`; Unreadable (one line) when there is none."""
     cal = read_calibration(read_network_file(path), str(path))
     if cal is None:
-        raise CalibrationError(f"{path}: no aiflame-calibration line: not a calibrated network (make one with "
-                               "`aiflame chakra calibrate CAPTURE`; a network fitted to one job predicts no other)")
+        raise Unreadable(f"{path}: no aiflame-calibration line: not a calibrated network (make one with "
+                         "`aiflame chakra calibrate CAPTURE`; a network fitted to one job predicts no other)")
     return cal
 
 
@@ -174,8 +171,8 @@ def calibrate(traces: ChakraTraces, source: str, transport: str = "", splits: in
     tail = statistics.fmean(excess) if excess else 0.0
     swept = {k: v for k, v in lines.items() if v[0] >= 0 and v[1] > 0}
     if not swept:
-        raise CalibrationError(f"no call kind was made at {MIN_SIZES} or more sizes: nothing separates bandwidth "
-                               "from per-call cost (calibrate on a size sweep: examples/comm_jobs.py sweep)")
+        raise NothingToShow(f"no call kind was made at {MIN_SIZES} or more sizes: nothing separates bandwidth "
+                            "from per-call cost (calibrate on a size sweep: examples/comm_jobs.py sweep)")
     per_byte = min(v[1] for v in swept.values())
     latency = min(v[0] / v[2] for v in swept.values() if v[2])
     host: dict[str, HostCost] = {}
@@ -213,7 +210,7 @@ def calibration_yaml(cal: Calibration, world: int) -> str:
 
 def read_calibration(text: str, name: str = "network file") -> Calibration | None:
     """The calibration in a network file; None for a file without one (a network fitted to one capture, or
-    written by hand). Raises CalibrationError for a calibration line that cannot be read."""
+    written by hand). Raises Unreadable for a calibration line that cannot be read."""
     for line in text.splitlines():
         if not line.startswith(MARK):
             continue
@@ -224,14 +221,14 @@ def read_calibration(text: str, name: str = "network file") -> Calibration | Non
             cal = Calibration(float(d["bandwidth_gibps"]), float(d["latency_ns"]), host, str(d["source"]),
                               str(d["transport"]), int(d["calls"]), int(d["world"]), [str(n) for n in d["notes"]])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CalibrationError(f"{name}: the aiflame-calibration line cannot be read ({type(e).__name__})") \
+            raise Unreadable(f"{name}: the aiflame-calibration line cannot be read ({type(e).__name__})") \
                 from None
         if not (cal.bandwidth_gibps > 0 and cal.latency_ns >= 0) or any(
                 h.per_call_ns < 0 or h.per_byte_ns < 0 for h in cal.host.values()):
-            raise CalibrationError(f"{name}: the aiflame-calibration line holds a negative or zero cost")
+            raise Unreadable(f"{name}: the aiflame-calibration line holds a negative or zero cost")
         return cal
     return None
 
 
-__all__ = ["MARK", "Calibration", "CalibrationError", "HostCost", "calibrate", "calibration_yaml", "capture_id",
-           "load_calibration", "read_calibration", "read_network_file"]
+__all__ = ["MARK", "Calibration", "HostCost", "calibrate", "calibration_yaml", "capture_id", "load_calibration",
+           "read_calibration", "read_network_file"]

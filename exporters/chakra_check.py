@@ -23,8 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiflame.core.errors import Unreadable
+
 from .chakra import _schema
-from .chakra_nodes import ChakraError
 from .chakra_replay import _replay
 from .chakra_rules import Problem, _check_rank, _Rank
 
@@ -42,7 +43,7 @@ def rank_of(path: Path) -> int | None:
 
 
 def expand(args: Sequence[str | Path]) -> list[Path]:
-    """`.et` files, or prefixes whose `<prefix>.<rank>.et` files are taken; ChakraError when none is found."""
+    """`.et` files, or prefixes whose `<prefix>.<rank>.et` files are taken; Unreadable when none is found."""
     out: list[Path] = []
     for a in args:
         p = Path(a)
@@ -52,7 +53,7 @@ def expand(args: Sequence[str | Path]) -> list[Path]:
         found = sorted((f for f in p.parent.glob(f"{p.name}.*.et") if rank_of(f) is not None),
                        key=lambda f: rank_of(f) or 0)
         if not found:
-            raise ChakraError(f"{p}: no {p.name}.<rank>.et files")
+            raise Unreadable(f"{p}: no {p.name}.<rank>.et files")
         out += found
     return out
 

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiflame.core.errors import NothingToShow
 from aiflame.core.model import EventKind, Profile, TraceEvent
 
-from .base import ExportError, NothingToExport
 from .chakra_network import P2P, steps_and_bytes
 from .rank_timeline import CommOp, JobTimeline, RankTimeline, build_timeline, call_name
 
@@ -92,19 +92,6 @@ COLLECTIVE_MAP: dict[str, Mapping] = {
     "ncclScatter": Mapping(ALL_GATHER, "shard", "scatter as an ALL_GATHER of each rank's output"),
     "barrier": Mapping(ALL_REDUCE, "barrier", "barrier as a 1-byte ALL_REDUCE"),
 }
-
-
-class ChakraError(ExportError):
-    """The capture cannot become a Chakra trace, or a `.et` file is malformed; one line."""
-
-
-class NoCommunication(ChakraError, NothingToExport):
-    """The capture has no collective, launch or copy: nothing for a trace."""
-
-
-class RulesBroken(ChakraError, NothingToExport):
-    """The traces written break ASTRA-sim's input rules: an error when chakra was asked for alone, a note when it
-    is one of several formats written next to a capture."""
 
 
 @dataclass(slots=True)
@@ -378,13 +365,13 @@ class _RankBuilder:
 
 
 def build_traces(prof: Profile, timeline: JobTimeline | None = None, host: HostCosts | None = None) -> ChakraTraces:
-    """Per-rank Chakra nodes for a symbolized capture; raises ChakraError when it has no communication. With
+    """Per-rank Chakra nodes for a symbolized capture; raises NothingToShow when it has no communication. With
     `host` (a calibration's costs, exporters/chakra_calibration.py), each call is preceded by a compute node of
     what it costs the host beyond the network."""
     comm = [e for e in prof.events if e.kind in (EventKind.COLLECTIVE, EventKind.COMPUTE, EventKind.COPY)]
     if not comm:
-        raise NoCommunication("no collectives, kernel launches or copies in this capture: nothing for a Chakra trace "
-                          "(was it taken with --no-runtimes, or does the job use no probed runtime?)")
+        raise NothingToShow("no collectives, kernel launches or copies in this capture: nothing for a Chakra trace "
+                            "(was it taken with --no-runtimes, or does the job use no probed runtime?)")
     tl = timeline or build_timeline(prof)
     warnings = list(tl.warnings)
     plan: dict[int, Planned] = {}

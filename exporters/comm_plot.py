@@ -10,9 +10,10 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from aiflame.core.errors import BadInput
 from aiflame.core.model import EventKind, Profile
 
-from .base import Exporter, ExportError, Option
+from .base import Exporter, Option
 from .event_totals import Totals, event_totals, human_bytes
 from .svg import ALERT_COLOUR, FONT_FAMILY, FONT_SIZE, SERIES_COLOURS, svg_open, xml_text
 
@@ -124,7 +125,7 @@ class CommPlotExporter(Exporter):
 
     def __init__(self, title: str = "", threshold: float = 0.1) -> None:
         if not (threshold >= 0 and math.isfinite(threshold)):
-            raise ExportError(f"option threshold: must be a non-negative number, got {threshold}")
+            raise BadInput(f"option threshold: must be a non-negative number, got {threshold}")
         self.title = title
         self.threshold = threshold
 

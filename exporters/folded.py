@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from aiflame.core.errors import BadInput, NothingToShow, Unreadable
 from aiflame.core.model import SEPARATOR, Frame, FrameKind, Profile, Sample, Stack
 
-from .base import Exporter, ExportError, Option, StackLabeler, frame_label
+from .base import Exporter, Option, StackLabeler, frame_label
 
 __all__ = ["FoldedExporter", "folded_lines", "frame_label", "parse_folded", "with_separator"]
 
@@ -76,7 +77,7 @@ class FoldedExporter(Exporter):
 
     def __init__(self, lines: bool = False, separator: bool = False, palette: str = "gpu") -> None:
         if palette not in PALETTES:
-            raise ExportError(f"option palette: expected one of {', '.join(PALETTES)}, got {palette!r}")
+            raise BadInput(f"option palette: expected one of {', '.join(PALETTES)}, got {palette!r}")
         self.lines = lines
         self.separator = separator
         self.palette = palette
@@ -110,7 +111,7 @@ def _parse_frame(label: str) -> Frame:
 def parse_folded(text: str) -> Profile:
     """Read folded stacks back into a Profile (one aggregated sample per line); kinds from annotations.
 
-    Raises ExportError naming the first malformed line, or if there are no stacks at all.
+    Raises Unreadable naming the first malformed line, NothingToShow if there are no stacks at all.
     """
     frames: dict[str, Frame] = {}
     samples: list[Sample] = []
@@ -122,10 +123,10 @@ def parse_folded(text: str) -> Profile:
         match = _LINE_RE.fullmatch(line.rstrip(" \t"))
         if match is None:
             shown = line if len(line) <= 60 else line[:57] + "..."
-            raise ExportError(f"line {number}: expected 'frame;...;frame COUNT' (integer), got {shown!r}")
+            raise Unreadable(f"line {number}: expected 'frame;...;frame COUNT' (integer), got {shown!r}")
         stack_text, count = match.groups()
         if len(count) > 19:  # beyond int64, and past Python's int() digit limit if far longer
-            raise ExportError(f"line {number}: count {count[:30]}... is too large")
+            raise Unreadable(f"line {number}: count {count[:30]}... is too large")
         stack: list[Frame] = []
         if stack_text:
             for label in stack_text.split(";"):
@@ -135,5 +136,5 @@ def parse_folded(text: str) -> Profile:
                 stack.append(frame)
         samples.append(Sample(tuple(stack), int(count)))
     if not samples:
-        raise ExportError("no stacks found in folded input")
+        raise NothingToShow("no stacks found in folded input")
     return Profile(samples=samples)

@@ -26,10 +26,6 @@ from aiflame.core.model import EventKind, Profile
 PID_SPAN = 1 << 22  # pid_max: host i's pids become pid + i * PID_SPAN where two hosts' pids collide
 
 
-class JoinError(BadInput):
-    """The captures do not make one job (a rank in two of them, no clock pair); one line."""
-
-
 @dataclass
 class HostClock:
     """How one capture's times were moved onto the joined clock."""
@@ -89,13 +85,13 @@ def _shift(prof: Profile, delta: int, pid_add: int) -> Profile:
 
 
 def _ranks(names: Sequence[str], profiles: Sequence[Profile]) -> list[str]:
-    """Notes on the ranks of the world size in none of the captures; JoinError for a rank in two captures."""
+    """Notes on the ranks of the world size in none of the captures; BadInput for a rank in two captures."""
     owner: dict[int, str] = {}
     world = 0
     for name, prof in zip(names, profiles, strict=True):
         for r in sorted({e.rank for e in prof.events if e.rank >= 0}):
             if r in owner and owner[r] != name:
-                raise JoinError(f"rank {r} is in two captures: {owner[r]} and {name} (one capture per host)")
+                raise BadInput(f"rank {r} is in two captures: {owner[r]} and {name} (one capture per host)")
             owner[r] = name
         for e in prof.events:
             w = e.args.get("world_size")
@@ -118,7 +114,7 @@ def join(names: Sequence[str], profiles: Sequence[Profile]) -> Joined:
         clock = HostClock(name, prof.meta.get("host", ""))
         wall = _ints(prof.meta, "start_wall_ns")
         if i and (wall is None or ref_wall is None):
-            raise JoinError(f"{name}: the capture has no clock pair (written by an older aiflame): cannot join it")
+            raise BadInput(f"{name}: the capture has no clock pair (written by an older aiflame): cannot join it")
         if i:
             # host time t is wall - start_mono + t on the realtime clock; on the reference's monotonic clock:
             clock.clock_ns = (wall or 0) - prof.start_ns - ((ref_wall or 0) - ref.start_ns)

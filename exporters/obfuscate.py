@@ -12,7 +12,7 @@ import secrets
 from dataclasses import replace
 from pathlib import Path
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, Refused, Unreadable
 from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack, TraceEvent
 
 KEY_BYTES = 32
@@ -22,10 +22,6 @@ NAME_ARGS = frozenset({"name", "comm_name", "fatbin_file", "layout", "image", "i
 KEPT_META = frozenset({"frequency_hz"})
 # Placeholders that name nothing.
 KEPT_FRAMES = frozenset({"[unknown]", "[missing]", "[unwind stopped]", "[anon]", "-"})
-
-
-class ObfuscateError(BadInput):
-    """The key file cannot be made or used; one line."""
 
 
 def default_key_path() -> Path:
@@ -40,9 +36,9 @@ def parse_key(text: bytes, where: str = "key file") -> bytes:
         word = text.decode("ascii").strip()
         key = bytes.fromhex(word)
     except (UnicodeDecodeError, ValueError):
-        raise ObfuscateError(f"{where}: not a key (expected {2 * KEY_BYTES} hex digits)") from None
+        raise Unreadable(f"{where}: not a key (expected {2 * KEY_BYTES} hex digits)") from None
     if len(key) != KEY_BYTES:
-        raise ObfuscateError(f"{where}: key has {len(key)} bytes, expected {KEY_BYTES}")
+        raise Unreadable(f"{where}: key has {len(key)} bytes, expected {KEY_BYTES}")
     return key
 
 
@@ -59,14 +55,14 @@ def load_key(path: Path, create: bool = True) -> bytes:
         except FileExistsError:
             pass  # made at the same time by another run: use it
         except OSError as e:
-            raise ObfuscateError(f"cannot create key file {path}: {e.strerror or e}") from None
+            raise BadInput(f"cannot create key file {path}: {e.strerror or e}") from None
     try:
         st = path.stat()
         if st.st_mode & 0o077:
-            raise ObfuscateError(f"key file {path} is readable by others (mode {st.st_mode & 0o777:o}); chmod 600")
+            raise Refused(f"key file {path} is readable by others (mode {st.st_mode & 0o777:o}); chmod 600")
         data = path.read_bytes()
     except OSError as e:
-        raise ObfuscateError(f"cannot read key file {path}: {e.strerror or e}") from None
+        raise Unreadable(f"cannot read key file {path}: {e.strerror or e}") from None
     return parse_key(data[:4096], str(path))
 
 
@@ -75,7 +71,7 @@ class Obfuscator:
 
     def __init__(self, key: bytes) -> None:
         if len(key) != KEY_BYTES:
-            raise ObfuscateError(f"key has {len(key)} bytes, expected {KEY_BYTES}")
+            raise Unreadable(f"key has {len(key)} bytes, expected {KEY_BYTES}")
         self._key = key
         self._cache: dict[tuple[str, str], str] = {}
         self._frames: dict[Frame, Frame] = {}

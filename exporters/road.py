@@ -71,7 +71,7 @@ def symbolizer(debug_dirs: Sequence[str] = ()) -> NativeSymbolizer:
 def open_capture(path: Path, options: StackOptions | None = None,
                  native: NativeSymbolizer | None = None) -> SymbolizedCapture:
     """Read the capture at `path` and symbolize it with `options` (default: StackOptions()) and `native` (default:
-    `symbolizer()`); CaptureError when it cannot be read."""
+    `symbolizer()`); Unreadable when it cannot be read."""
     cap = read_capture(path)
     prof = symbolize_capture(cap, native or symbolizer(), options=options or StackOptions())
     return SymbolizedCapture(path, cap, prof)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import ExportError
+from aiflame.core.errors import Unreadable
+
 from .rank_timeline import JobTimeline
 
 if TYPE_CHECKING:
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
 
 FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles, exposed communication (\d+) cycles")
 CRITICAL = re.compile(r"\[critical\]|Assertion .* failed|terminate called")
-
-
-class SimLogError(ExportError):
-    """The simulator's output cannot be read, or holds no result; one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +84,7 @@ def read_sim_log(path: Path) -> SimResult:
     try:
         text = p.read_text(errors="replace")
     except OSError as e:
-        raise SimLogError(f"{p}: {e.strerror or e}") from None
+        raise Unreadable(f"{p}: {e.strerror or e}") from None
     return parse_sim_log(text, str(p))
 
 
@@ -102,7 +99,7 @@ def parse_sim_log(text: str, name: str = "the simulator's output") -> SimResult:
         elif CRITICAL.search(line):
             critical.append(line.strip())
     if not ranks and not critical:
-        raise SimLogError(f"{name}: no 'sys[i] finished' line: not ASTRA-sim's output, or the run did not finish")
+        raise Unreadable(f"{name}: no 'sys[i] finished' line: not ASTRA-sim's output, or the run did not finish")
     return SimResult(ranks, critical)
 
 

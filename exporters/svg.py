@@ -30,9 +30,10 @@ from html import escape
 from operator import itemgetter
 from pathlib import Path
 
+from aiflame.core.errors import BadInput
 from aiflame.core.model import FrameKind, Profile
 
-from .base import Exporter, ExportError, Option, StackLabeler
+from .base import Exporter, Option, StackLabeler
 
 __all__ = ["ALERT_COLOUR", "FONT_FAMILY", "FONT_SIZE", "SERIES_COLOURS", "SvgExporter", "svg_open", "xml_text"]
 
@@ -233,9 +234,9 @@ class SvgExporter(Exporter):
         normalize: bool = True,
     ) -> None:
         if width < 100:
-            raise ExportError(f"option width: must be at least 100 pixels, got {width}")
+            raise BadInput(f"option width: must be at least 100 pixels, got {width}")
         if not (minwidth >= 0 and math.isfinite(minwidth)):
-            raise ExportError(f"option minwidth: must be a non-negative number, got {minwidth}")
+            raise BadInput(f"option minwidth: must be a non-negative number, got {minwidth}")
         self.title = title
         self.subtitle = subtitle
         self.width = width

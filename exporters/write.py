@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from aiflame.exporters import REGISTRY, NothingToExport, get_exporter
+from aiflame.core.errors import NothingToShow
+from aiflame.exporters import REGISTRY, get_exporter
 from aiflame.symbolize.views import View
 
 __all__ = ["write_views"]
@@ -26,7 +27,7 @@ def write_views(views: Sequence[View], formats: Sequence[str], out_dir: Path,
         exporter = get_exporter(cls.name)
         try:
             written += [o.path for o in exporter.write(first.profile, cls.output_path(out_dir / first.stem))]
-        except NothingToExport as e:
+        except NothingToShow as e:  # nothing this format writes: a note here, an error when asked for alone
             notes.append(f"{cls.name}: {e}")
         notes += [f"{cls.name}: {w}" for w in exporter.warnings]
     for view in views:

@@ -25,9 +25,9 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from aiflame.core.errors import Refused, Unreadable
 from aiflame.core.model import FrameKind
-from aiflame.core.safe_files import FileRefused, OutputDir, read_regular, trusted_dir
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.safe_files import OutputDir, read_regular, trusted_dir
 from aiflame.symbolize.symindex import SymbolIndex
 
 __all__ = ["FORMAT", "VERSION", "CachedSymbols", "Entry", "SymbolCache", "default_cache_dir", "read_cached",
@@ -63,7 +63,7 @@ def read_cached(path: str, what: str) -> bytes | None:
         return read_regular(path, MAX_FILE_BYTES, follow=False)
     except FileNotFoundError:
         return None
-    except (OSError, FileRefused) as e:
+    except (OSError, Refused) as e:
         log.debug("%s %s unreadable: %s", what, path, e)
         return None
 
@@ -75,7 +75,7 @@ def write_cached(path: str, data: bytes | Iterable[bytes | bytearray | memoryvie
     try:
         with OutputDir.adopt(trusted_dir(os.path.abspath(os.path.dirname(path))), os.path.dirname(path)) as d:
             d.write_atomic(os.path.basename(path), data, 0o600)
-    except (OSError, FileRefused) as e:
+    except (OSError, Refused) as e:
         log.debug("%s %s not written: %s", what, path, e)
 
 
@@ -143,7 +143,7 @@ class SymbolCache:
             return None
         try:
             return SymbolIndex.from_bytes(raw)
-        except SymbolizeError as e:
+        except Unreadable as e:
             log.debug("symbol index %s ignored: %s", path, e)
             return None
 

@@ -22,9 +22,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.model import Frame, FrameKind
 from aiflame.symbolize.cache import CachedSymbols, Entry, SymbolCache
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.debugfiles import SYSTEM_DEBUG_DIRS, build_id_path, find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
@@ -61,10 +61,10 @@ def _frame_name(entry: Entry, module: str) -> str:
 
 
 def _optional(what: str, path: str, read: Callable[[], _T], empty: _T) -> _T:
-    """`read()`, or `empty` when it raises SymbolizeError: an optional source must not cost the binary's names."""
+    """`read()`, or `empty` when it raises Unreadable: an optional source must not cost the binary's names."""
     try:
         return read()
-    except SymbolizeError as e:
+    except Unreadable as e:
         log.debug("%s of %s unusable: %s", what, path, e)
         return empty
 
@@ -198,7 +198,7 @@ class NativeSymbolizer:
                     memo.update(binary.resolve(missing))
                     if persist:
                         self._cache.store(key, CachedSymbols(memo, binary.debug_path))
-                except SymbolizeError as e:
+                except Unreadable as e:
                     log.debug("symbolizing %s failed: %s", path, e)
                     failed = {o: _unnamed(o) for o in missing}
         frames: dict[Entry, Frame] = {}
@@ -254,7 +254,7 @@ class NativeSymbolizer:
         main: ElfFile | None = None
         try:
             main = ElfFile.open(host)
-        except SymbolizeError as e:
+        except Unreadable as e:
             log.debug("binary %s unavailable: %s", host, e)
         if main is not None and build_id and main.build_id != build_id:
             log.debug("%s has build id %s, wanted %s; using debug files only", host, main.build_id, build_id)
@@ -267,7 +267,7 @@ class NativeSymbolizer:
         if dbg_path is not None:
             try:
                 debug = ElfFile.open(dbg_path)
-            except SymbolizeError as e:
+            except Unreadable as e:
                 log.debug("debug file %s unusable: %s", dbg_path, e)
         if main is None and debug is None:
             return None
@@ -279,7 +279,7 @@ class NativeSymbolizer:
             if binary.index_read and key is not None:
                 self._cache.store_index(key, binary.index)
             return binary
-        except SymbolizeError as e:
+        except Unreadable as e:
             log.debug("binary %s unusable: %s", host, e)
             for f in (main, debug):
                 if f is not None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from aiflame.core.errors import NothingToShow, Unreadable
 from aiflame.core.model import Frame, FrameKind, Profile, Sample, Stack
-from aiflame.symbolize.errors import SymbolizeError
 
-__all__ = ["CUDA_SYNC", "NCCL", "OFF_CPU", "OFF_CPU_UNIT", "NoOffCpuError", "off_cpu_marker", "offcpu_profile",
-           "sample_period_ns", "wall_profile", "with_marker"]
+__all__ = ["CUDA_SYNC", "NCCL", "OFF_CPU", "OFF_CPU_UNIT", "off_cpu_marker", "offcpu_profile", "sample_period_ns",
+           "wall_profile", "with_marker"]
 
 OFF_CPU = Frame("[off-cpu]", FrameKind.OFF_CPU)
 CUDA_SYNC = Frame("[off-cpu: cuda sync]", FrameKind.OFF_CPU)
@@ -48,10 +48,6 @@ def off_cpu_marker(frames: Sequence[Frame]) -> Frame:
     return OFF_CPU
 
 
-class NoOffCpuError(SymbolizeError):
-    """An off-CPU view was asked of a capture recorded without --off-cpu; one line."""
-
-
 def sample_period_ns(prof: Profile) -> int:
     """The CPU time one CPU sample stands for: one period of the per-CPU sampling frequency, in ns."""
     try:
@@ -59,7 +55,7 @@ def sample_period_ns(prof: Profile) -> int:
     except ValueError:
         hz = 0
     if hz <= 0:
-        raise SymbolizeError("the capture does not say its sampling frequency: CPU samples cannot be weighted by time")
+        raise Unreadable("the capture does not say its sampling frequency: CPU samples cannot be weighted by time")
     return round(1e9 / hz)
 
 
@@ -70,7 +66,7 @@ def _view(prof: Profile, samples: list[Sample]) -> Profile:
 
 def _require(prof: Profile, view: str) -> None:
     if not prof.off_cpu:
-        raise NoOffCpuError(f"no off-CPU samples in this capture (the {view} view needs a capture recorded with "
+        raise NothingToShow(f"no off-CPU samples in this capture (the {view} view needs a capture recorded with "
                             "`aiflame profile --off-cpu`)")
 
 

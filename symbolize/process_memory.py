@@ -12,18 +12,14 @@ from collections.abc import Callable
 
 from aiflame.core.errors import TargetGone
 
-__all__ = ["ProcessMemory", "ProcessMemoryError", "Reader", "read_cstring"]
+__all__ = ["ProcessMemory", "Reader", "read_cstring"]
 
-Reader = Callable[[int, int], bytes]  # (address, size) -> exactly `size` bytes, or ProcessMemoryError
+Reader = Callable[[int, int], bytes]  # (address, size) -> exactly `size` bytes, or TargetGone
 _PAGE = 4096
 
 
-class ProcessMemoryError(TargetGone):
-    """Memory of a process could not be read (gone, unmapped address, no permission); one line."""
-
-
 class ProcessMemory:
-    """Reads from `/proc/PID/mem` with pread; every failure (including short reads) is ProcessMemoryError.
+    """Reads from `/proc/PID/mem` with pread; every failure (including short reads) is TargetGone.
 
     The file stays open for the reader's life, so a walk of many small reads costs one open."""
 
@@ -32,20 +28,20 @@ class ProcessMemory:
         try:
             self._fd: int | None = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            raise ProcessMemoryError(f"pid {pid}: cannot open memory: {e.strerror or e}") from None
+            raise TargetGone(f"pid {pid}: cannot open memory: {e.strerror or e}") from None
 
     def read(self, addr: int, size: int) -> bytes:
         if self._fd is None:
-            raise ProcessMemoryError(f"pid {self.pid}: memory reader is closed")
+            raise TargetGone(f"pid {self.pid}: memory reader is closed")
         if addr <= 0 or size < 0 or addr + size > 1 << 64:
-            raise ProcessMemoryError(f"pid {self.pid}: bad address {addr:#x}")
+            raise TargetGone(f"pid {self.pid}: bad address {addr:#x}")
         try:
             data = os.pread(self._fd, size, addr)
         except (OSError, OverflowError) as e:
             msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise ProcessMemoryError(f"pid {self.pid}: cannot read {size} bytes at {addr:#x}: {msg}") from None
+            raise TargetGone(f"pid {self.pid}: cannot read {size} bytes at {addr:#x}: {msg}") from None
         if len(data) != size:
-            raise ProcessMemoryError(f"pid {self.pid}: short read at {addr:#x}")
+            raise TargetGone(f"pid {self.pid}: short read at {addr:#x}")
         return data
 
     def u64(self, addr: int) -> int:
@@ -75,7 +71,7 @@ def read_cstring(read: Reader, addr: int, limit: int) -> bytes:
         n = min(_PAGE - at % _PAGE, limit - len(out))
         try:
             chunk = read(at, n)
-        except ProcessMemoryError:
+        except TargetGone:
             if n == 1:
                 raise
             chunk = read(at, 1)

@@ -24,12 +24,12 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
 from aiflame.core.raw import Capture, GpuCode
-from aiflame.symbolize.accel.cubin import Cubin, CubinError, parse_cubin
+from aiflame.symbolize.accel.cubin import Cubin, parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries
-from aiflame.symbolize.accel.sass import SassError, disassemble, find_nvdisasm
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.accel.sass import disassemble, find_nvdisasm
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
 from aiflame.symbolize.vendor.cupti_stream import NOT_ISSUED_SUFFIX
 from aiflame.symbolize.vendor.xe_eu_stall import map_ips, xe_kernels_from_events
@@ -41,7 +41,6 @@ __all__ = [
     "combined_profile",
     "reason_label",
     "share",
-    "NoStallsError",
     "stall_profile",
 ]
 
@@ -103,7 +102,7 @@ class CodeIndex:
                         if e.kind == "elf" and not e.error:
                             self._data.setdefault(e.digest, e.data)
                             self._arch.setdefault(e.digest, e.arch)
-                except SymbolizeError:
+                except Unreadable:
                     continue
         self._cubins: dict[str, Cubin | None] = {}
         self._by_kernel: dict[str, list[str]] | None = None
@@ -120,7 +119,7 @@ class CodeIndex:
             if data is not None:
                 try:
                     c = parse_cubin(data, label=f"cubin {digest[:12]}", digest=digest)
-                except CubinError as e:
+                except Unreadable as e:
                     self.notes.append(str(e))
             self._cubins[digest] = c
         return self._cubins[digest]
@@ -150,7 +149,7 @@ class CodeIndex:
     def source(self, c: Cubin, kernel: str, offset: int) -> tuple[str, int] | None:
         try:
             return c.lines().lookup(kernel, offset)
-        except CubinError as e:
+        except Unreadable as e:
             self.notes.append(str(e))
             return None
 
@@ -161,7 +160,7 @@ class CodeIndex:
             try:
                 self._sass[c.digest] = disassemble(c.data, c.digest, cache_dir=self._cache_dir,
                                                    nvdisasm=self._nvdisasm)
-            except SassError as e:
+            except Unreadable as e:
                 self.notes.append(str(e))
                 self._sass[c.digest] = None
         table = self._sass[c.digest]
@@ -353,6 +352,3 @@ def combined_profile(cpu: Profile, stalls: Profile) -> Profile:
                   start_ns=cpu.start_ns, end_ns=cpu.end_ns)
     return out
 
-
-class NoStallsError(SymbolizeError):
-    """A stall view (symbolize/views.py) was asked of a capture without stall samples; one line."""

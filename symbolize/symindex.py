@@ -19,19 +19,15 @@ from array import array
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf_symbols import Symbol
 
-__all__ = ["SymbolIndex", "SymbolIndexError"]
+__all__ = ["SymbolIndex"]
 
 MAGIC = b"AIFLSYM1"
 _HEADER = struct.Struct("<8sIII")
 _MAX_ADDR = (1 << 64) - 1
 _LOOKBACK = 16  # how many preceding symbols may cover an address (nested or overlapping symbols)
-
-
-class SymbolIndexError(SymbolizeError):
-    """A saved symbol index that is not one we wrote whole; one line."""
 
 
 def _le(a: array[int]) -> array[int]:
@@ -99,15 +95,15 @@ class SymbolIndex:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SymbolIndex:
-        """Read what to_bytes wrote; SymbolIndexError for anything else (short, long, inconsistent)."""
+        """Read what to_bytes wrote; Unreadable for anything else (short, long, inconsistent)."""
         if len(data) < _HEADER.size:
-            raise SymbolIndexError("symbol index: shorter than its header")
+            raise Unreadable("symbol index: shorter than its header")
         magic, n, names_len, source_len = _HEADER.unpack_from(data)
         if magic != MAGIC:
-            raise SymbolIndexError("symbol index: not an aiflame symbol index (version 1)")
+            raise Unreadable("symbol index: not an aiflame symbol index (version 1)")
         at = _HEADER.size
         if len(data) != at + source_len + 16 * n + 4 * (n + 1) + names_len:
-            raise SymbolIndexError(f"symbol index: {len(data)} bytes, not what {n} symbols take")
+            raise Unreadable(f"symbol index: {len(data)} bytes, not what {n} symbols take")
         source = data[at:at + source_len].decode("utf-8", "surrogateescape")
         at += source_len
         starts, ends, offsets = array("Q"), array("Q"), array("I")
@@ -116,7 +112,7 @@ class SymbolIndex:
             _le(a)
             at += size
         if offsets[0] != 0 or offsets[-1] != names_len or any(b < a for a, b in pairwise(offsets)):
-            raise SymbolIndexError("symbol index: name offsets out of order")
+            raise Unreadable("symbol index: name offsets out of order")
         if any(b <= a for a, b in pairwise(starts)):
-            raise SymbolIndexError("symbol index: addresses out of order")
+            raise Unreadable("symbol index: addresses out of order")
         return cls(starts, ends, offsets, data[at:], source or None)

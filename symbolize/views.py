@@ -15,16 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiflame.core.errors import NothingToShow
 from aiflame.core.model import EventKind, Profile
 from aiflame.core.raw import Capture
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.events import launch_profile
 from aiflame.symbolize.offcpu import offcpu_profile, sample_period_ns, wall_profile
 
-__all__ = ["VIEWS", "WRITTEN", "NoLaunchesError", "View", "capture_views", "has_view", "view"]
-
-class NoLaunchesError(SymbolizeError):
-    """The launch view was asked of a capture without kernel launches; one line."""
+__all__ = ["VIEWS", "WRITTEN", "View", "capture_views", "has_view", "view"]
 
 
 @dataclass(frozen=True)
@@ -44,15 +41,15 @@ def _cpu(cap: Capture, prof: Profile, sass: bool) -> Profile:
 
 def _launches(cap: Capture, prof: Profile, sass: bool) -> Profile:
     if not _launched(cap, prof):
-        raise NoLaunchesError("no kernel launches in this capture (the launch view is empty)")
+        raise NothingToShow("no kernel launches in this capture (the launch view is empty)")
     return launch_profile(prof)
 
 
 def _stalls(cap: Capture, prof: Profile, sass: bool) -> Profile:
-    from aiflame.symbolize.stalls import NoStallsError, stall_profile  # cubins, SASS: only for captures with stalls
+    from aiflame.symbolize.stalls import stall_profile  # cubins, SASS: only for captures with stalls
 
     if not _stalled(cap, prof):
-        raise NoStallsError("no accelerator stall samples in this capture (the stall view is empty; "
+        raise NothingToShow("no accelerator stall samples in this capture (the stall view is empty; "
                             "`aiflame import` adds records saved elsewhere)")
     return stall_profile(cap, prof, sass=sass)
 
@@ -113,7 +110,7 @@ def _kind(name: str) -> _Kind:
 
 def view(cap: Capture, prof: Profile, name: str, *, sass: bool = True) -> Profile:
     """The view `name` of `cap`, whose CPU profile is `prof`. A view the capture has nothing for is an error of
-    one line (NoLaunchesError, NoStallsError, NoOffCpuError); the cpu view is `prof` itself. `sass`: the stall
+    one line (NothingToShow); the cpu view is `prof` itself. `sass`: the stall
     views show each instruction's SASS text (nvdisasm)."""
     return _kind(name).build(cap, prof, sass)
 

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from aiflame.agent.accel.cupti_build import CuptiBuildError, CuptiInstall, build_injection, find_cupti
+from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection, find_cupti
 from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
+from aiflame.core.errors import HostError, Refused, Unreadable
 from aiflame.core.raw import GpuCode, RawStallSample
-from aiflame.core.safe_files import FileRefused, OutputDir, read_regular
-from aiflame.symbolize.vendor.cupti_stream import CuptiStreamError, parse_stream, stalls_from_stream
+from aiflame.core.safe_files import OutputDir, read_regular
+from aiflame.symbolize.vendor.cupti_stream import parse_stream, stalls_from_stream
 
 __all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti"]
 
@@ -153,7 +154,7 @@ class CuptiCollector:
             path = self.stream_dir / name
             try:
                 stream = parse_stream(self.streams.read(name, limit), name, keep_pcs=False)
-            except (OSError, CuptiStreamError, FileRefused) as e:
+            except (OSError, Unreadable) as e:
                 res.warnings.append(f"{path}: {e.strerror}" if isinstance(e, OSError) else str(e))
                 counts["cupti_streams_unreadable"] += 1
                 unreadable = True
@@ -199,12 +200,12 @@ def prepare_cupti(out_dir: Path, options: CuptiOptions, cache_dir: Path | None =
         return None, None
     try:
         lib = build_injection(install, cache_dir)
-    except CuptiBuildError as e:
+    except HostError as e:
         return None, f"NVIDIA stall sampling off: {e}"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         streams = StreamDir(out_dir)
-    except (OSError, FileRefused) as e:
+    except (OSError, Refused) as e:
         why = e.strerror if isinstance(e, OSError) else str(e)
         return None, f"NVIDIA stall sampling off: cannot create its stream directory in {out_dir}: {why}"
     return CuptiCollector(install, lib, streams, options), None

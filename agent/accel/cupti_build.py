@@ -25,20 +25,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiflame.core.errors import HostError
-from aiflame.core.safe_files import FileRefused, trusted_dir
+from aiflame.core.errors import HostError, Refused
+from aiflame.core.safe_files import trusted_dir
 
-__all__ = ["CRT_SHIM", "CuptiBuildError", "CuptiInstall", "INJECT_SOURCE", "build_injection", "crt_candidates",
-           "find_crt", "find_cupti", "library_cache_dir"]
+__all__ = ["CRT_SHIM", "CuptiInstall", "INJECT_SOURCE", "build_injection", "crt_candidates", "find_crt", "find_cupti",
+           "library_cache_dir"]
 
 INJECT_SOURCE = Path(__file__).resolve().parent / "cupti_inject.c"
 CRT_SHIM = Path(__file__).resolve().parent / "cuda_shim"  # holds crt/host_defines.h
 LIB_NAME = "libaiflame_cupti.so"
 HOST_DEFINES = Path("crt") / "host_defines.h"
-
-
-class CuptiBuildError(HostError):
-    """CUPTI is missing or the injection library cannot be built; the message is one user-facing line."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +114,7 @@ def library_cache_dir() -> Path:
 def _compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise CuptiBuildError("no C compiler (cc/gcc) to build the CUPTI injection library: install gcc")
+        raise HostError("no C compiler (cc/gcc) to build the CUPTI injection library: install gcc")
     return cc
 
 
@@ -135,7 +131,7 @@ def _build_key(cc: str, cupti: CuptiInstall, crt: Path) -> str:
 def build_injection(cupti: CuptiInstall, cache_dir: Path | None = None, env: Mapping[str, str] | None = None
                     ) -> Path:
     """The injection library for `cupti`, compiled once into the cache (atomic rename, so concurrent agents
-    are safe). Raises CuptiBuildError with the compiler's first error line when the build fails."""
+    are safe). Raises HostError with the compiler's first error line when the build fails."""
     cc = _compiler()
     crt = find_crt(cupti, env)
     tries = [crt, CRT_SHIM] if crt is not None else [CRT_SHIM]
@@ -147,8 +143,8 @@ def build_injection(cupti: CuptiInstall, cache_dir: Path | None = None, env: Map
             first_error = first_error or str(e)
     looked = "" if crt is not None else " (CUDA's crt/host_defines.h was not found beside CUPTI, in $CUDA_HOME, " \
         "beside nvcc or in /usr/local/cuda*, and aiflame's stand-in did not do)"
-    raise CuptiBuildError(f"building the CUPTI injection library failed: {first_error}{looked}; "
-                          "`pip install nvidia-cuda-crt` or set CUDA_HOME to a CUDA toolkit")
+    raise HostError(f"building the CUPTI injection library failed: {first_error}{looked}; "
+                    "`pip install nvidia-cuda-crt` or set CUDA_HOME to a CUDA toolkit")
 
 
 class _CompileFailed(Exception):
@@ -162,17 +158,17 @@ def _build(cc: str, cupti: CuptiInstall, crt: Path, cache_dir: Path | None) -> P
     # root can change, all the way up, may hold it (a home directory sudo kept must not; core/safe_files.py).
     try:
         os.close(trusted_dir(out_dir.absolute(), mode=0o700))
-    except FileRefused as e:
-        raise CuptiBuildError(f"cannot keep the CUPTI injection library there: {e} (set AIFLAME_CUPTI_CACHE)") from None
+    except Refused as e:
+        raise HostError(f"cannot keep the CUPTI injection library there: {e} (set AIFLAME_CUPTI_CACHE)") from None
     except OSError as e:
-        raise CuptiBuildError(f"cannot create {out_dir}: {e.strerror}") from None
+        raise HostError(f"cannot create {out_dir}: {e.strerror}") from None
     try:
         st = os.lstat(lib)
     except FileNotFoundError:
         pass
     else:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise CuptiBuildError(f"{lib}: not a regular file only we can write to")
+            raise HostError(f"{lib}: not a regular file only we can write to")
         return lib
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
     os.close(fd)
@@ -183,7 +179,7 @@ def _build(cc: str, cupti: CuptiInstall, crt: Path, cache_dir: Path | None) -> P
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         os.unlink(tmp)
-        raise CuptiBuildError(f"cannot run {cc}: {e}") from None
+        raise HostError(f"cannot run {cc}: {e}") from None
     if proc.returncode != 0:
         os.unlink(tmp)
         raise _CompileFailed(next((ln for ln in proc.stderr.splitlines() if "error" in ln),

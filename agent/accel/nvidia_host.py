@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiflame.agent.accel.cupti_build import CRT_SHIM, CuptiBuildError, build_injection, find_crt, find_cupti
+from aiflame.agent.accel.cupti_build import CRT_SHIM, build_injection, find_crt, find_cupti
+from aiflame.core.errors import HostError
 
 __all__ = ["GpuCheck", "nvidia_checks"]
 
@@ -91,7 +92,7 @@ def _collector() -> list[GpuCheck]:
     headers = f"CUDA's crt/ from {crt}" if crt is not None else f"aiflame's crt/ stand-in ({CRT_SHIM})"
     try:
         lib = build_injection(install)
-    except CuptiBuildError as e:
+    except HostError as e:
         out.append(GpuCheck("stall collector builds", False, str(e)))
     else:
         out.append(GpuCheck("stall collector builds", True, f"{lib} (with {headers})"))

@@ -32,11 +32,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.core.errors import HostError
+from aiflame.core.errors import BadInput, HostError
 from aiflame.core.raw import RawStallSample
-from aiflame.symbolize.vendor.xe_eu_stall import RECORD_SIZE, XeLayout, XeStallError, layout_for, parse_records
+from aiflame.symbolize.vendor.xe_eu_stall import RECORD_SIZE, XeLayout, layout_for, parse_records
 
-__all__ = ["EuStallInfo", "XeDevice", "XeEuStall", "XeEuStallError", "XeGt", "find_xe_devices"]
+__all__ = ["EuStallInfo", "XeDevice", "XeEuStall", "XeGt", "find_xe_devices"]
 
 # ioctl numbers: _IOC(dir, type, nr, size) = dir << 30 | size << 16 | type << 8 | nr
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -70,10 +70,6 @@ DRM_XE_EU_STALL_EXTENSION_SET_PROPERTY = 0
 DRM_XE_EU_STALL_PROP_GT_ID = 1
 DRM_XE_EU_STALL_PROP_SAMPLE_RATE = 2
 DRM_XE_EU_STALL_PROP_WAIT_NUM_REPORTS = 3
-
-
-class XeEuStallError(HostError):
-    """EU stall sampling cannot run here; the message is one user-facing line."""
 
 
 @dataclass(frozen=True)
@@ -121,10 +117,10 @@ def pack_device_query(query: int, size: int, data: int) -> bytes:
 
 def parse_gt_list(data: bytes) -> list[XeGt]:
     if len(data) < GT_LIST_HEADER.size:
-        raise XeEuStallError(f"GT list query returned {len(data)} bytes")
+        raise HostError(f"GT list query returned {len(data)} bytes")
     n, _ = GT_LIST_HEADER.unpack_from(data, 0)
     if GT_LIST_HEADER.size + n * GT.size > len(data):
-        raise XeEuStallError(f"GT list query claims {n} GTs in {len(data)} bytes")
+        raise HostError(f"GT list query claims {n} GTs in {len(data)} bytes")
     out = []
     for i in range(n):
         gtype, tile, gt_id, _clock, _near, _far, major, minor, _rev, _pad = GT.unpack_from(
@@ -135,10 +131,10 @@ def parse_gt_list(data: bytes) -> list[XeGt]:
 
 def parse_eu_stall_info(data: bytes) -> EuStallInfo:
     if len(data) < EU_STALL_HEADER.size:
-        raise XeEuStallError(f"EU stall query returned {len(data)} bytes")
+        raise HostError(f"EU stall query returned {len(data)} bytes")
     _ext, caps, record_size, buf_size, *_reserved, n = EU_STALL_HEADER.unpack_from(data, 0)
     if EU_STALL_HEADER.size + 8 * n > len(data):
-        raise XeEuStallError(f"EU stall query claims {n} sampling rates in {len(data)} bytes")
+        raise HostError(f"EU stall query claims {n} sampling rates in {len(data)} bytes")
     rates = struct.unpack_from(f"<{n}Q", data, EU_STALL_HEADER.size)
     return EuStallInfo(caps, record_size, buf_size, tuple(rates))
 
@@ -212,34 +208,34 @@ class XeEuStall:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Open and enable the stream; XeEuStallError with one line when this device cannot be sampled."""
+        """Open and enable the stream; HostError with one line when this device cannot be sampled."""
         what = f"{self.device.render_node} ({self.device.pci})"
         try:
             self._drm = os.open(self.device.render_node, os.O_RDWR | os.O_CLOEXEC)
         except OSError as e:
-            raise XeEuStallError(f"{what}: cannot open: {e.strerror}") from None
+            raise HostError(f"{what}: cannot open: {e.strerror}") from None
         try:
             try:
                 info = parse_eu_stall_info(_query(self._drm, DRM_XE_DEVICE_QUERY_EU_STALL))
                 gts = parse_gt_list(_query(self._drm, DRM_XE_DEVICE_QUERY_GT_LIST))
             except OSError as e:
-                raise XeEuStallError(explain_open_error(e, what)) from None
+                raise HostError(explain_open_error(e, what)) from None
             main = next((g for g in gts if g.type == DRM_XE_QUERY_GT_TYPE_MAIN), None)
             if main is None:
-                raise XeEuStallError(f"{what}: no main GT in the device's GT list")
+                raise HostError(f"{what}: no main GT in the device's GT list")
             try:
                 self._layout = layout_for(main.ip_version)
-            except XeStallError as e:
-                raise XeEuStallError(f"{what}: {e}") from None
+            except BadInput as e:  # a platform the stall format does not know: this host's, so unsupported here
+                raise HostError(f"{what}: {e}") from None
             if not info.sampling_rates:
-                raise XeEuStallError(f"{what}: the driver lists no EU stall sampling rates")
+                raise HostError(f"{what}: the driver lists no EU stall sampling rates")
             self._record_size = info.record_size or RECORD_SIZE
             rate = info.sampling_rates[min(self.rate_index, len(info.sampling_rates) - 1)]
             try:
                 self._stream = open_stream(self._drm, main.gt_id, rate)
                 fcntl.ioctl(self._stream, DRM_XE_OBSERVATION_IOCTL_ENABLE, 0)
             except OSError as e:
-                raise XeEuStallError(explain_open_error(e, what)) from None
+                raise HostError(explain_open_error(e, what)) from None
             os.set_blocking(self._stream, False)
         except BaseException:
             self._close()
@@ -321,7 +317,7 @@ def start_all(rate_index: int = 3) -> tuple[list[XeEuStall], list[str]]:
         s = XeEuStall(d, rate_index)
         try:
             s.start()
-        except XeEuStallError as e:
+        except HostError as e:
             problems.append(f"Intel EU stall sampling off: {e}")
             continue
         running.append(s)

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiflame.agent.kernel.bpf_sys import cpu_list
-from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig, SamplerError
+from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.pipeline import CapturePipeline, SessionStats, mono_ns
 from aiflame.agent.procmaps import BuildIdCache
 from aiflame.agent.procs import own_cpu_s
 from aiflame.core.capture import CaptureWriter, new_header
+from aiflame.core.errors import HostError
 from aiflame.core.raw import CaptureFooter
 
 log = logging.getLogger("aiflame.daemon")
@@ -110,7 +111,7 @@ class Collector:
             return True
         try:
             self.sampler.add_target(pid)
-        except SamplerError as e:
+        except HostError as e:
             self.targets_refused += 1
             if self.targets_refused in (1, 10, 100) or self.targets_refused % 1000 == 0:
                 log.warning("target refused pid=%d refused=%d: %s", pid, self.targets_refused, e)

@@ -1,5 +1,5 @@
 """The daemon's TOML configuration: typed settings with defaults that work without a file, and a validator
-that meets every malformed file with one clear ConfigError line."""
+that meets every malformed file with one clear BadInput line."""
 
 from __future__ import annotations
 
@@ -10,13 +10,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, Unreadable
 
 DEFAULT_CONFIG = Path("/etc/aiflame/aiflame.toml")
-
-
-class ConfigError(BadInput):
-    """The configuration file is unreadable or invalid; one user-facing line."""
 
 
 @dataclass(frozen=True)
@@ -95,16 +91,16 @@ Check = Callable[[str, Any], Any]
 
 def _bool(where: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise ConfigError(f"{where}: expected true or false, got {_show(v)}")
+        raise BadInput(f"{where}: expected true or false, got {_show(v)}")
     return v
 
 
 def _number(lo: float, hi: float) -> Check:
     def check(where: str, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ConfigError(f"{where}: expected a number, got {_show(v)}")
+            raise BadInput(f"{where}: expected a number, got {_show(v)}")
         if not lo <= v <= hi:
-            raise ConfigError(f"{where}: {v} is out of range ({lo:g} to {hi:g})")
+            raise BadInput(f"{where}: {v} is out of range ({lo:g} to {hi:g})")
         return float(v)
     return check
 
@@ -112,9 +108,9 @@ def _number(lo: float, hi: float) -> Check:
 def _int(lo: int, hi: int) -> Check:
     def check(where: str, v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"{where}: expected an integer, got {_show(v)}")
+            raise BadInput(f"{where}: expected an integer, got {_show(v)}")
         if not lo <= v <= hi:
-            raise ConfigError(f"{where}: {v} is out of range ({lo} to {hi})")
+            raise BadInput(f"{where}: {v} is out of range ({lo} to {hi})")
         return v
     return check
 
@@ -122,10 +118,10 @@ def _int(lo: int, hi: int) -> Check:
 def _strings(item: Check | None = None) -> Check:
     def check(where: str, v: Any) -> tuple[str, ...]:
         if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-            raise ConfigError(f"{where}: expected a list of strings, got {_show(v)}")
+            raise BadInput(f"{where}: expected a list of strings, got {_show(v)}")
         for s in v:
             if not s or "\0" in s:
-                raise ConfigError(f"{where}: empty or NUL-containing entry")
+                raise BadInput(f"{where}: empty or NUL-containing entry")
             if item:
                 item(where, s)
         return tuple(v)
@@ -136,20 +132,20 @@ def _regex(where: str, s: str) -> None:
     try:
         re.compile(s)
     except re.error as e:
-        raise ConfigError(f"{where}: bad regular expression {s!r}: {e}") from None
+        raise BadInput(f"{where}: bad regular expression {s!r}: {e}") from None
 
 
 def _cgroup(where: str, s: str) -> None:
     if not s.startswith("/"):
-        raise ConfigError(f"{where}: cgroup paths start with '/', got {s!r}")
+        raise BadInput(f"{where}: cgroup paths start with '/', got {s!r}")
 
 
 def _abs_path(where: str, v: Any) -> Path:
     if not isinstance(v, str) or not v.startswith("/") or "\0" in v:
-        raise ConfigError(f"{where}: expected an absolute path, got {_show(v)}")
+        raise BadInput(f"{where}: expected an absolute path, got {_show(v)}")
     p = Path(v)
     if ".." in p.parts:
-        raise ConfigError(f"{where}: '..' is not allowed in {v!r}")
+        raise BadInput(f"{where}: '..' is not allowed in {v!r}")
     return p
 
 
@@ -159,7 +155,7 @@ def _formats(where: str, v: Any) -> tuple[str, ...]:
     out: tuple[str, ...] = _strings()(where, v)
     for f in out:
         if f not in REGISTRY:
-            raise ConfigError(f"{where}: unknown format {f!r} (known: {', '.join(REGISTRY)})")
+            raise BadInput(f"{where}: unknown format {f!r} (known: {', '.join(REGISTRY)})")
     return out
 
 
@@ -197,25 +193,25 @@ def parse_config(text: str, source: str = "config") -> DaemonConfig:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+        raise Unreadable(f"{source}: not valid TOML: {e}") from None
     parts: dict[str, Any] = {}
     for name, value in doc.items():
         if name not in _SECTIONS:
-            raise ConfigError(f"{source}: unknown section [{name}] (known: {', '.join(_SECTIONS)})")
+            raise BadInput(f"{source}: unknown section [{name}] (known: {', '.join(_SECTIONS)})")
         cls, checks = _SECTIONS[name]
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: [{name}] must be a table")
+            raise BadInput(f"{source}: [{name}] must be a table")
         kwargs = {}
         for key, v in value.items():
             if key not in checks:
                 known = ", ".join(f.name for f in fields(cls))
-                raise ConfigError(f"{source}: unknown key {key!r} in [{name}] (known: {known})")
+                raise BadInput(f"{source}: unknown key {key!r} in [{name}] (known: {known})")
             kwargs[key] = checks[key](f"{source}: [{name}] {key}", v)
         parts[name] = cls(**kwargs)
     cfg = DaemonConfig(**parts, source=source)
     t = cfg.trigger
     if t.default_duration_s > t.max_duration_s or t.default_frequency > t.max_frequency:
-        raise ConfigError(f"{source}: [trigger] defaults exceed the maximums")
+        raise BadInput(f"{source}: [trigger] defaults exceed the maximums")
     return cfg
 
 
@@ -228,9 +224,9 @@ def load_config(path: Path | None) -> DaemonConfig:
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        raise Unreadable(f"cannot read config {path}: {e.strerror}") from None
     try:
         text = raw.decode()
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
+        raise Unreadable(f"{path}: not UTF-8 text") from None
     return parse_config(text, str(path))

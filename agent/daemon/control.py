@@ -13,9 +13,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from aiflame.agent.daemon.errors import DaemonError
 from aiflame.agent.daemon.protocol import (
-    ProtocolError,
     Request,
     Response,
     encode_response,
@@ -23,6 +21,7 @@ from aiflame.agent.daemon.protocol import (
     peer_uid,
     read_line,
 )
+from aiflame.core.errors import BadInput, HostError
 
 log = logging.getLogger("aiflame.daemon")
 
@@ -44,18 +43,18 @@ class ControlServer:
         self._thread = threading.Thread(target=self._serve, name="aiflame-control", daemon=True)
 
     def listen(self) -> None:
-        """Bind the socket (0600), replacing a stale one that no daemon answers on; DaemonError otherwise."""
+        """Bind the socket (0600), replacing a stale one that no daemon answers on; HostError otherwise."""
         path = self.path
         try:
             path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             try:
                 st = os.lstat(path)
                 if not stat.S_ISSOCK(st.st_mode):
-                    raise DaemonError(f"{path} exists and is not a socket; not touching it")
+                    raise HostError(f"{path} exists and is not a socket; not touching it")
                 probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
                     probe.connect(str(path))
-                    raise DaemonError(f"another daemon is listening on {path}")
+                    raise HostError(f"another daemon is listening on {path}")
                 except (ConnectionRefusedError, FileNotFoundError):
                     os.unlink(path)  # stale: left by a daemon that died
                 finally:
@@ -71,7 +70,7 @@ class ControlServer:
             os.chmod(path, 0o600)
             sock.listen(16)
         except OSError as e:
-            raise DaemonError(f"cannot listen on {path}: {e.strerror}") from None
+            raise HostError(f"cannot listen on {path}: {e.strerror}") from None
         self._listener = sock
 
     def start(self) -> None:
@@ -113,7 +112,7 @@ class ControlServer:
             conn.settimeout(READ_TIMEOUT_S)
             try:
                 req = parse_request(read_line(conn))
-            except ProtocolError as e:
+            except BadInput as e:
                 log.warning("bad control request: %s", e)
                 _reply(conn, Response(False, f"bad request: {e}"))
                 return

@@ -1,6 +1,6 @@
 """The control protocol between `aiflame trigger/status/top` and the daemon: one JSON object per line over a
 Unix socket, one request and one response per connection. Requests are outside data: `parse_request` checks
-every field and meets anything else with one ProtocolError line. A request names no paths and no commands;
+every field and meets anything else with one Unreadable line. A request names no paths and no commands;
 the daemon chooses where output goes."""
 
 from __future__ import annotations
@@ -11,15 +11,11 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, Unreadable
 
 MAX_MESSAGE = 64 * 1024  # a request is a few hundred bytes; a status reply a few KiB per target
 MAX_PIDS = 1024
 PROTOCOL_VERSION = 1
-
-
-class ProtocolError(BadInput):
-    """A malformed or refused request, or a broken connection; one line."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,7 @@ class Response:
 def _expect(obj: dict[str, Any], allowed: set[str]) -> None:
     extra = set(obj) - allowed
     if extra:
-        raise ProtocolError(f"unknown field(s) in request: {', '.join(sorted(extra))}")
+        raise Unreadable(f"unknown field(s) in request: {', '.join(sorted(extra))}")
 
 
 def _num(obj: dict[str, Any], key: str) -> float | None:
@@ -65,22 +61,22 @@ def _num(obj: dict[str, Any], key: str) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
-        raise ProtocolError(f"{key} must be a number")
+        raise Unreadable(f"{key} must be a number")
     return float(v)
 
 
 def parse_request(line: bytes) -> Request:
     """Decode and validate one request line."""
     if len(line) > MAX_MESSAGE:
-        raise ProtocolError("request too large")
+        raise Unreadable("request too large")
     try:
         obj = json.loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ProtocolError("request is not valid JSON") from None
+        raise Unreadable("request is not valid JSON") from None
     if not isinstance(obj, dict):
-        raise ProtocolError("request must be a JSON object")
+        raise Unreadable("request must be a JSON object")
     if obj.get("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
-        raise ProtocolError(f"unsupported protocol version {obj.get('v')!r} (this daemon speaks {PROTOCOL_VERSION})")
+        raise Unreadable(f"unsupported protocol version {obj.get('v')!r} (this daemon speaks {PROTOCOL_VERSION})")
     op = obj.get("op")
     if op == "status":
         _expect(obj, {"op", "v"})
@@ -89,31 +85,31 @@ def parse_request(line: bytes) -> Request:
         _expect(obj, {"op", "v", "count"})
         count = obj.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100:
-            raise ProtocolError("count must be an integer from 1 to 100")
+            raise Unreadable("count must be an integer from 1 to 100")
         return LatestRequest(count)
     if op == "trigger":
         _expect(obj, {"op", "v", "pids", "all", "duration_s", "frequency", "chakra", "at_ns"})
         pids = obj.get("pids", [])
         if not isinstance(pids, list) or len(pids) > MAX_PIDS or not all(
                 isinstance(p, int) and not isinstance(p, bool) and 0 < p < 1 << 22 for p in pids):
-            raise ProtocolError(f"pids must be a list of at most {MAX_PIDS} process ids")
+            raise Unreadable(f"pids must be a list of at most {MAX_PIDS} process ids")
         all_targets = obj.get("all", False)
         chakra = obj.get("chakra", False)
         if not isinstance(all_targets, bool) or not isinstance(chakra, bool):
-            raise ProtocolError("all and chakra must be true or false")
+            raise Unreadable("all and chakra must be true or false")
         if bool(pids) == all_targets:
-            raise ProtocolError("give either pids or all")
+            raise Unreadable("give either pids or all")
         duration = _num(obj, "duration_s")
         if duration is not None and not duration > 0:
-            raise ProtocolError("duration_s must be > 0")
+            raise Unreadable("duration_s must be > 0")
         freq = obj.get("frequency")
         if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
-            raise ProtocolError("frequency must be a positive integer")
+            raise Unreadable("frequency must be a positive integer")
         at = obj.get("at_ns")
         if at is not None and (isinstance(at, bool) or not isinstance(at, int) or not 0 < at < 1 << 63):
-            raise ProtocolError("at_ns must be a positive integer (ns since the epoch)")
+            raise Unreadable("at_ns must be a positive integer (ns since the epoch)")
         return TriggerRequest(tuple(sorted(set(pids))), all_targets, duration, freq, chakra, at)
-    raise ProtocolError(f"unknown op {op!r} (known: status, trigger, latest)")
+    raise Unreadable(f"unknown op {op!r} (known: status, trigger, latest)")
 
 
 def encode_request(req: Request) -> bytes:
@@ -145,27 +141,27 @@ def parse_response(line: bytes) -> Response:
     try:
         obj = json.loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ProtocolError("the daemon sent a malformed reply") from None
+        raise Unreadable("the daemon sent a malformed reply") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool) or not isinstance(obj.get("data", {}), dict):
-        raise ProtocolError("the daemon sent a malformed reply")
+        raise Unreadable("the daemon sent a malformed reply")
     return Response(obj["ok"], str(obj.get("error", "")), obj.get("data", {}))
 
 
 def read_line(sock: socket.socket, limit: int = MAX_MESSAGE) -> bytes:
-    """Bytes up to the first newline; ProtocolError past `limit` or when the peer closes first."""
+    """Bytes up to the first newline; BadInput past `limit` or when the peer closes first."""
     buf = bytearray()
     while b"\n" not in buf:
         try:
             chunk = sock.recv(4096)
         except TimeoutError:
-            raise ProtocolError("timed out waiting for a message") from None
+            raise BadInput("timed out waiting for a message") from None
         except OSError as e:
-            raise ProtocolError(f"connection lost: {e.strerror}") from None
+            raise BadInput(f"connection lost: {e.strerror}") from None
         if not chunk:
-            raise ProtocolError("connection closed before a complete message")
+            raise Unreadable("connection closed before a complete message")
         buf += chunk
         if len(buf) > limit and b"\n" not in buf[:limit + 1]:
-            raise ProtocolError("message too large")
+            raise Unreadable("message too large")
     return bytes(buf[:buf.index(b"\n")])
 
 
@@ -184,21 +180,21 @@ def request(path: str, req: Request, timeout_s: float) -> Response:
         try:
             sock.connect(path)
         except FileNotFoundError:
-            raise ProtocolError(f"no daemon is listening on {path} (is `aiflame agent` running?)") from None
+            raise BadInput(f"no daemon is listening on {path} (is `aiflame agent` running?)") from None
         except PermissionError:
-            raise ProtocolError(f"permission denied on {path}: the control socket is root-only (try sudo)") from None
+            raise BadInput(f"permission denied on {path}: the control socket is root-only (try sudo)") from None
         except ConnectionRefusedError:
-            raise ProtocolError(f"no daemon is listening on {path} (stale socket)") from None
+            raise BadInput(f"no daemon is listening on {path} (stale socket)") from None
         except OSError as e:
-            raise ProtocolError(f"cannot connect to {path}: {e.strerror}") from None
+            raise BadInput(f"cannot connect to {path}: {e.strerror}") from None
         try:
             sock.sendall(encode_request(req))
         except OSError as e:
             # the daemon may have answered and closed before reading (a refusal): its reply says why
             try:
                 return parse_response(read_line(sock, 16 * MAX_MESSAGE))
-            except (OSError, ProtocolError):
-                raise ProtocolError(f"cannot talk to the daemon: {e.strerror}") from None
+            except (OSError, BadInput):
+                raise BadInput(f"cannot talk to the daemon: {e.strerror}") from None
         return parse_response(read_line(sock, 16 * MAX_MESSAGE))
     finally:
         sock.close()

@@ -27,7 +27,6 @@ from aiflame.agent.daemon.collector import Collector
 from aiflame.agent.daemon.config import DaemonConfig, load_config
 from aiflame.agent.daemon.control import ControlServer
 from aiflame.agent.daemon.discovery import Discovery, Selector, process_info
-from aiflame.agent.daemon.errors import DaemonError
 from aiflame.agent.daemon.exports import ExportWorker
 from aiflame.agent.daemon.protocol import LatestRequest, Request, Response, StatusRequest
 from aiflame.agent.daemon.rolling import RollingWindows
@@ -36,10 +35,11 @@ from aiflame.agent.daemon.status import StatusBoard
 from aiflame.agent.daemon.store import FILE_UMASK, OutputDirs
 from aiflame.agent.kernel.sampler import SamplerConfig
 from aiflame.agent.kernel.stop_watchdog import keep_watchdog_priority
-from aiflame.agent.preflight import SessionError, check_root, check_tracefs
+from aiflame.agent.preflight import check_root, check_tracefs
 from aiflame.agent.procs import own_cpu_s, own_rss_bytes
+from aiflame.core.errors import HostError
 
-__all__ = ["Daemon", "DaemonError", "run_daemon", "setup_logging"]
+__all__ = ["Daemon", "run_daemon", "setup_logging"]
 
 log = logging.getLogger("aiflame.daemon")
 
@@ -82,11 +82,8 @@ class Daemon:
     # --- main -----------------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        try:
-            check_root()
-            check_tracefs()
-        except SessionError as e:
-            raise DaemonError(str(e)) from None
+        check_root()
+        check_tracefs()
         os.umask(FILE_UMASK)
         self._lower_priority()
         self._prepare_output()
@@ -128,7 +125,7 @@ class Daemon:
         try:
             notes = self.out.prepare()
         except OSError as e:
-            raise DaemonError(f"cannot use output directory {self.out.root}: {e}") from None
+            raise HostError(f"cannot use output directory {self.out.root}: {e}") from None
         for note in notes:
             log.warning("%s", note)
 
@@ -231,7 +228,7 @@ class Daemon:
         assert self.windows is not None and self.captures is not None
         try:
             new = load_config(self.config_path) if self.config_path or self.cfg.source != "defaults" else self.cfg
-        except Exception as e:  # ConfigError, and anything else: the daemon keeps running as it was
+        except Exception as e:  # a bad configuration, and anything else: the daemon keeps running as it was
             log.error("reload failed, keeping the old configuration: %s", e)
             return
         old = self.cfg

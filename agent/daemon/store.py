@@ -27,10 +27,6 @@ DIR_MODE = 0o750
 FILE_UMASK = 0o027  # outputs are readable by root's group at most
 
 
-class OutputError(BadInput):
-    """The output directory cannot be used; one line."""
-
-
 def stamp(wall: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall))
 
@@ -40,9 +36,9 @@ def _safe_dir(path: Path) -> None:
     try:
         path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except OSError as e:
-        raise OutputError(f"cannot create {path}: {e.strerror}") from None
+        raise BadInput(f"cannot create {path}: {e.strerror}") from None
     if path.is_symlink() or not path.is_dir():
-        raise OutputError(f"{path} is not a plain directory")
+        raise BadInput(f"{path} is not a plain directory")
 
 
 class OutputDirs:

@@ -25,8 +25,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from aiflame.agent.daemon.protocol import LatestRequest, ProtocolError, StatusRequest, request
-from aiflame.core.capture import CaptureError
+from aiflame.agent.daemon.protocol import LatestRequest, StatusRequest, request
+from aiflame.core.errors import BadInput, Unreadable
 from aiflame.core.model import EventKind, Frame, FrameKind, Profile
 from aiflame.exporters.road import open_capture, symbolizer
 from aiflame.symbolize.native import NativeSymbolizer
@@ -173,7 +173,7 @@ def _daemon_views(args: argparse.Namespace, native: NativeSymbolizer) -> Generat
                 prof = open_capture(Path(last) / "profile.aiflame", native=native).profile
                 yield view_of(prof, f"daemon window {Path(last).name}", args.pid)
                 continue
-            except CaptureError:
+            except Unreadable:
                 pass  # deleted by retention in between: the next one will do
         yield None
 
@@ -216,7 +216,7 @@ def run_top(args: argparse.Namespace) -> int:
     if not args.own:
         try:
             use_daemon = request(args.socket, StatusRequest(), 5.0).ok
-        except ProtocolError:
+        except BadInput:
             use_daemon = False
     views = _daemon_views(args, native) if use_daemon else _own_views(args, native)
     # Ctrl-C quits even when started with SIGINT ignored (inherited, e.g. from a background job's shell).

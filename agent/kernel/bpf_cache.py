@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from aiflame.agent.kernel import bpf_sys
-from aiflame.core.safe_files import FileRefused, OutputDir, open_regular, trusted_dir
+from aiflame.core.errors import Refused, Unreadable
+from aiflame.core.safe_files import OutputDir, open_regular, trusted_dir
 
 __all__ = ["DEFAULT_DIR", "ENV", "BpfCache", "cache_key", "instantiate", "load_order", "parse_entry",
            "serialize_entry"]
@@ -46,10 +47,6 @@ MAX_ENTRY_BYTES = 64 << 20
 KEEP_ENTRIES = 32  # the most recently used; older ones (other kernels, old options) are removed on a write
 COMPILER = Path(__file__).with_name("bpf_compile.py")
 LD_IMM64, BPF_PSEUDO_MAP_FD = 0x18, 1
-
-
-class EntryCorrupt(ValueError):
-    """A cache entry that cannot be used as it is (truncated, altered, of another key or toolchain)."""
 
 
 def cache_key(request: dict[str, Any]) -> str:
@@ -80,18 +77,18 @@ def serialize_entry(key: str, entry: dict[str, Any]) -> bytes:
 
 
 def parse_entry(data: bytes, key: str) -> dict[str, Any]:
-    """The entry in `data`, checked whole (digest, key, shape); EntryCorrupt otherwise."""
+    """The entry in `data`, checked whole (digest, key, shape); Unreadable otherwise."""
     if not data.startswith(MAGIC):
-        raise EntryCorrupt("not a cache entry of this format")
+        raise Unreadable("not a cache entry of this format")
     digest, nl, body = data[len(MAGIC):].partition(b"\n")
     if not nl or hashlib.sha256(body).hexdigest().encode() != digest:
-        raise EntryCorrupt("digest mismatch (truncated or altered)")
+        raise Unreadable("digest mismatch (truncated or altered)")
     try:
         entry = json.loads(body)
     except ValueError:
-        raise EntryCorrupt("not JSON") from None
+        raise Unreadable("not JSON") from None
     if not isinstance(entry, dict) or entry.get("key") != key:
-        raise EntryCorrupt("written for another key")
+        raise Unreadable("written for another key")
     _check_shape(entry)
     return entry
 
@@ -99,40 +96,40 @@ def parse_entry(data: bytes, key: str) -> dict[str, Any]:
 def _ints(d: Any, *names: str) -> None:
     for n in names:
         if not isinstance(d[n], int) or isinstance(d[n], bool) or not 0 <= d[n] < 1 << 64:
-            raise EntryCorrupt(f"field {n} is not a count")
+            raise Unreadable(f"field {n} is not a count")
 
 
 def _check_shape(e: dict[str, Any]) -> None:
     try:
         if not isinstance(e["license"], str) or not isinstance(e["btf"], list) or not e["progs"]:
-            raise EntryCorrupt("missing parts")
+            raise Unreadable("missing parts")
         _ints(e, "kern_version")
         for m in e["maps"]:
             _ints(m, "type", "key_size", "value_size", "max_entries", "flags", "map_extra", "btf_key", "btf_value")
             if not isinstance(m["name"], str) or not isinstance(m["btf"], int) or not -1 <= m["btf"] < len(e["btf"]):
-                raise EntryCorrupt("bad map")
+                raise Unreadable("bad map")
         for p in e["progs"]:
             _ints(p, "type", "attach_type")
             if "verified_insns" in p:  # entries of older compilers lack it
                 _ints(p, "verified_insns")
             if not all(isinstance(p[k], str) for k in ("name", "kname", "insns")):
-                raise EntryCorrupt("bad program")
+                raise Unreadable("bad program")
         reply = e["reply"]
         if sorted(reply["progs"].values()) != list(range(len(e["progs"]))):
-            raise EntryCorrupt("reply names other programs")
+            raise Unreadable("reply names other programs")
         for m in reply["maps"].values():
             _ints(m, "type", "max_entries", "key_size", "value_size")
             if not isinstance(m["map"], int) or not 0 <= m["map"] < len(e["maps"]):
-                raise EntryCorrupt("reply names another map")
+                raise Unreadable("reply names another map")
             if not all(isinstance(f, list) and len(f) == 3 for f in m["fields"]):
-                raise EntryCorrupt("bad fields")
+                raise Unreadable("bad fields")
         if not isinstance(reply["uprobe_multi"], bool) or not e["toolchain"]:
-            raise EntryCorrupt("missing parts")
+            raise Unreadable("missing parts")
         for t in e["toolchain"]:
             if not (isinstance(t, list) and len(t) == 4 and isinstance(t[0], str)):
-                raise EntryCorrupt("bad toolchain file")
+                raise Unreadable("bad toolchain file")
     except (KeyError, TypeError, AttributeError):
-        raise EntryCorrupt("missing or mistyped fields") from None
+        raise Unreadable("missing or mistyped fields") from None
 
 
 def toolchain_changed(entry: dict[str, Any]) -> str:
@@ -155,7 +152,7 @@ def _patch_maps(code: bytearray, map_fds: list[int]) -> None:
         if op == LD_IMM64:
             if regs >> 4 == BPF_PSEUDO_MAP_FD:
                 if not 0 <= imm < len(map_fds):
-                    raise EntryCorrupt(f"map reference {imm} out of range")
+                    raise Unreadable(f"map reference {imm} out of range")
                 struct.pack_into("<i", code, i + 4, map_fds[imm])
             i += 16
         else:
@@ -164,7 +161,7 @@ def _patch_maps(code: bytearray, map_fds: list[int]) -> None:
 
 def instantiate(entry: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """Create the entry's maps and load its programs: (the compiler's reply, its descriptors), as a compile
-    would hand them over. OSError when the kernel refuses something (EntryCorrupt for a bad entry); nothing
+    would hand them over. OSError when the kernel refuses something (Unreadable for a bad entry); nothing
     is left open then."""
     opened: list[int] = []
     try:
@@ -183,13 +180,13 @@ def instantiate(entry: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         for p in entry["progs"]:
             code = bytearray(base64.b64decode(p["insns"], validate=True))
             if not code or len(code) % 8:
-                raise EntryCorrupt(f"program {p['name']}: {len(code)} bytes")
+                raise Unreadable(f"program {p['name']}: {len(code)} bytes")
             _patch_maps(code, map_fds)
             codes.append(bytes(code))
         prog_fds = _load_programs(entry, codes, opened)
     except binascii.Error:
         bpf_sys.close_fds(opened)
-        raise EntryCorrupt("bad base64") from None
+        raise Unreadable("bad base64") from None
     except BaseException:
         bpf_sys.close_fds(opened)
         raise
@@ -259,7 +256,7 @@ class BpfCache:
             return None
         try:
             return OutputDir.adopt(trusted_dir(self.path, mode=0o700), self.path)
-        except (FileRefused, OSError) as e:
+        except (Refused, OSError) as e:
             self._refused = True
             log.warning("not caching compiled BPF programs: %s", e)
             return None
@@ -275,7 +272,7 @@ class BpfCache:
                 fd, st = open_regular(name, follow=False, dir_fd=d.fd)
             except FileNotFoundError:
                 return None
-            except (FileRefused, OSError) as e:
+            except (Refused, OSError) as e:
                 log.warning("BPF cache entry %s/%s refused: %s", d.path, name, e)
                 return None
             try:
@@ -283,11 +280,11 @@ class BpfCache:
                     log.warning("BPF cache entry %s/%s refused: not a file only we can write", d.path, name)
                     return None
                 if st.st_size > MAX_ENTRY_BYTES:
-                    raise EntryCorrupt(f"{st.st_size} bytes")
+                    raise Unreadable(f"{st.st_size} bytes")
                 with os.fdopen(os.dup(fd), "rb") as f:
                     data = f.read(MAX_ENTRY_BYTES + 1)
                 entry = parse_entry(data, key)
-            except (EntryCorrupt, OSError) as e:
+            except (Unreadable, OSError) as e:
                 log.warning("BPF cache entry %s/%s unusable (%s): compiling again", d.path, name, e)
                 return None
             finally:

@@ -19,7 +19,7 @@ from typing import Any
 from aiflame.agent.kernel import bpf_cache, bpf_sys
 from aiflame.agent.kernel.bpf_cache import BpfCache
 from aiflame.agent.kernel.bpf_sys import PerfEventAttr
-from aiflame.core.errors import HostError
+from aiflame.core.errors import HostError, Unreadable
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,6 @@ BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HAS
 _PERCPU = {BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH}
 COMPILE_TIMEOUT_S = 300
 COMPILING = "compiling the BPF program (first run on this host with these options, ~10 s)"
-
-
-class BpfLoadError(HostError):
-    """The program did not compile or load; one line (the compiler's diagnostics went to stderr)."""
 
 
 @dataclass
@@ -140,7 +136,7 @@ def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str
             try:
                 meta, fds = bpf_cache.instantiate(entry)
                 return _object(meta, fds, from_cache=True)
-            except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: EntryCorrupt among them
+            except (OSError, ValueError, KeyError, TypeError, Unreadable) as e:  # Unreadable: a corrupt entry
                 log.warning("the cached BPF program did not load (%s): compiling it again", e)
     if on_compile is not None:
         on_compile(COMPILING)
@@ -178,16 +174,16 @@ def _compile(request: dict[str, Any]) -> tuple[dict[str, Any], list[int], dict[s
                 lines = err.decode(errors="replace").strip().splitlines()
                 sys.stderr.write("\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else ""))
                 last = lines[-1].removeprefix("aiflame-bpf-compile: ") if lines else f"exit {child.returncode}"
-                raise BpfLoadError(last)
+                raise HostError(last)
             if err:
                 sys.stderr.write(err.decode(errors="replace"))
             msg, fds, _, _ = socket.recv_fds(ours, 1 << 20, 256, socket.MSG_CMSG_CLOEXEC)
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
-        raise BpfLoadError(f"the BPF compiler took over {COMPILE_TIMEOUT_S} s") from None
+        raise HostError(f"the BPF compiler took over {COMPILE_TIMEOUT_S} s") from None
     if not msg:
-        raise BpfLoadError("the BPF compiler exited without handing over the program")
+        raise HostError("the BPF compiler exited without handing over the program")
     entry = None
     if out:
         try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiflame.agent.kernel import bpf_object
-from aiflame.agent.kernel.bpf_object import BpfLoadError, BpfObject
+from aiflame.agent.kernel.bpf_object import BpfObject
 from aiflame.agent.kernel.bpf_sys import (
     PERF_COUNT_HW_CPU_CYCLES,
     PERF_COUNT_SW_CPU_CLOCK,
@@ -47,10 +47,6 @@ OFFCPU_SOURCE = BPF_DIR / "offcpu.bpf.c"
 
 
 log = logging.getLogger(__name__)
-
-
-class SamplerError(HostError):
-    """BPF could not be loaded or attached; one user-facing line."""
 
 
 MAX_EVENT_HZ = 2000  # per CPU: above this the early exits alone cost more than they are worth
@@ -217,8 +213,8 @@ class CpuSampler:
         try:
             self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS,
                                         on_compile)
-        except BpfLoadError as e:
-            raise SamplerError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
+        except HostError as e:
+            raise HostError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:
             for array, progs in UW_PROGS.items():
                 for i, prog in enumerate(progs):
@@ -236,7 +232,7 @@ class CpuSampler:
             self._obj.attach_tracepoints()
         except OSError as e:
             self.close()
-            raise SamplerError(f"cannot attach the BPF sampler: {e}") from None
+            raise HostError(f"cannot attach the BPF sampler: {e}") from None
         choices = {"cpu-clock": [("cpu-clock", PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK)],
                    "cycles": [("cycles", PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES)]}
         choices["auto"] = choices["cycles"] + choices["cpu-clock"]
@@ -250,12 +246,12 @@ class CpuSampler:
                 errors.append(f"{name}: {e.strerror}")
         if not self.event_used:
             self.close()
-            raise SamplerError("cannot open perf events: " + "; ".join(errors))
+            raise HostError("cannot open perf events: " + "; ".join(errors))
 
     @property
     def _bpf(self) -> BpfObject:
         if self._obj is None:
-            raise SamplerError("the sampler is not started")
+            raise HostError("the sampler is not started")
         return self._obj
 
     def _callback(self, buf: bytes) -> None:
@@ -279,14 +275,14 @@ class CpuSampler:
 
     def add_target(self, pid: int, python: bool = False) -> None:
         """Sample `pid` (and its threads); `python`: its walker is already set (set_python). A full target map
-        raises SamplerError: the map holds live processes only (BPF drops each at its exit), so it is full only
+        raises HostError: the map holds live processes only (BPF drops each at its exit), so it is full only
         when that many targets really run."""
         flags = TargetFlag.ON | (TargetFlag.PY if python else 0)
         try:
             self._bpf.maps["targets"].update(_U32.pack(pid), _U32.pack(flags))
         except OSError as e:
             if e.errno in (errno.E2BIG, errno.ENOMEM):
-                raise SamplerError(f"cannot watch pid {pid}: {self.config.max_targets} targets already") from None
+                raise HostError(f"cannot watch pid {pid}: {self.config.max_targets} targets already") from None
             raise
 
     def _set_target_flags(self, pid: int, flags: int) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from aiflame.agent.kernel.bpf_object import BpfObject
-from aiflame.core.errors import AiflameError
+from aiflame.core.errors import AiflameError, TargetGone
 from aiflame.core.raw import Mapping
 from aiflame.symbolize.objfmt.cfi import NOT_COVERED, RULE, Rule, UnwindTable, load_or_build
 from aiflame.symbolize.objfmt.elf import ElfFile
@@ -466,7 +466,6 @@ def coverage(pid: int) -> list[Coverage]:
     """Per executable file mapping of `pid`: CFI coverage, rows and what cannot be followed. Builds (or reads
     from the cache) each table, as the sampler would."""
     from aiflame.agent.procmaps import read_maps
-    from aiflame.core.errors import TargetGone
     from aiflame.symbolize.objfmt import cfi
 
     maps = read_maps(pid)

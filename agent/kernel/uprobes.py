@@ -19,10 +19,6 @@ from aiflame.core.errors import HostError
 UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
 
 
-class UprobeError(HostError):
-    """A uprobe could not be attached; one line."""
-
-
 @dataclass(frozen=True)
 class ProbeSite:
     """A place to probe: a file offset, the probe id the program gets as its cookie, and the file offset of a
@@ -54,7 +50,7 @@ def _pmu_type() -> int:
     try:
         return int((UPROBE_PMU / "type").read_text())
     except (OSError, ValueError):
-        raise UprobeError("the kernel has no uprobe PMU (/sys/bus/event_source/devices/uprobe)") from None
+        raise HostError("the kernel has no uprobe PMU (/sys/bus/event_source/devices/uprobe)") from None
 
 
 def _retprobe_bit() -> int:
@@ -83,12 +79,12 @@ def attach_uprobe(prog_fd: int, path: str, offset: int, cookie: int, *, ret: boo
     try:
         pfd = perf_event_open(attr, -1, 0)
     except OSError as e:
-        raise UprobeError(f"cannot probe {path}+{offset:#x}: {os.strerror(e.errno or 0)}") from None
+        raise HostError(f"cannot probe {path}+{offset:#x}: {os.strerror(e.errno or 0)}") from None
     try:
         lfd = link_perf_event(prog_fd, pfd, cookie)
     except OSError as e:
         os.close(pfd)
-        raise UprobeError(f"cannot link the BPF program to {path}+{offset:#x}: {os.strerror(e.errno or 0)}") from None
+        raise HostError(f"cannot link the BPF program to {path}+{offset:#x}: {os.strerror(e.errno or 0)}") from None
     return Uprobe(path, (ProbeSite(offset, cookie, ref_ctr),), ret, (lfd, pfd))
 
 
@@ -100,7 +96,7 @@ def attach_multi(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bo
                                [s.ref_ctr for s in sites], ret)
     except OSError as e:
         where = f"{path}+{sites[0].offset:#x}" if len(sites) == 1 else f"{len(sites)} sites of {path}"
-        raise UprobeError(f"cannot probe {where}: {os.strerror(e.errno or 0)}") from None
+        raise HostError(f"cannot probe {where}: {os.strerror(e.errno or 0)}") from None
     return Uprobe(path, tuple(sites), ret, (fd,))
 
 
@@ -114,7 +110,7 @@ def attach_sites(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bo
     if multi and len(sites) > 1:
         try:
             return [attach_multi(prog_fd, path, sites, ret=ret)], {}
-        except UprobeError:
+        except HostError:
             pass
     done: list[Uprobe] = []
     failed: dict[int, str] = {}
@@ -122,6 +118,6 @@ def attach_sites(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bo
         try:
             done.append(attach_multi(prog_fd, path, [s], ret=ret) if multi else
                         attach_uprobe(prog_fd, path, s.offset, s.cookie, ret=ret, ref_ctr=s.ref_ctr))
-        except UprobeError as e:
+        except HostError as e:
             failed[s.cookie] = str(e)
     return done, failed

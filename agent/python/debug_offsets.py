@@ -4,7 +4,7 @@ The struct is an 8-byte cookie (`xdebugpy`), the interpreter's PY_VERSION_HEX, a
 groups of uint64 offsets, each group opening with the size of the struct it describes. The struct's own
 layout changes between minors (3.14 adds fields mid-group), so only layouts we have checked against a real
 build are parsed: 3.13 (584 bytes, read from the DWARF of pyenv's 3.13.0). The bytes come from process memory
-or from the ELF's `.PyRuntime` section; anything malformed raises `PythonLayoutError`.
+or from the ELF's `.PyRuntime` section; anything malformed raises `Unreadable`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from aiflame.core.python_layouts import PyLayout, PythonLayoutError, layout_for
+from aiflame.core.errors import HostError, Unreadable
+from aiflame.core.python_layouts import PyLayout, layout_for
 
 __all__ = [
     "COOKIE",
     "SIZE_313",
     "DebugOffsets",
-    "UnsupportedDebugOffsets",
     "compare_with_table",
     "encode_debug_offsets",
     "layout_from_debug_offsets",
@@ -87,10 +87,6 @@ _USED: tuple[tuple[str, str, int], ...] = (
 )
 
 
-class UnsupportedDebugOffsets(PythonLayoutError):
-    """Well-formed debug offsets of a kind we have no verified parser for (another minor, free-threaded)."""
-
-
 @dataclass(frozen=True, slots=True)
 class DebugOffsets:
     """A parsed `_Py_DebugOffsets`: PY_VERSION_HEX, free-threaded flag and offsets by group and field."""
@@ -108,31 +104,31 @@ class DebugOffsets:
 
 
 def read_header(data: bytes) -> tuple[int, bool]:
-    """(PY_VERSION_HEX, free_threaded) from the first 24 bytes; PythonLayoutError without the cookie."""
+    """(PY_VERSION_HEX, free_threaded) from the first 24 bytes; Unreadable without the cookie."""
     if len(data) < HEADER_SIZE:
-        raise PythonLayoutError(f"_Py_DebugOffsets truncated: {len(data)} of {HEADER_SIZE} header bytes")
+        raise Unreadable(f"_Py_DebugOffsets truncated: {len(data)} of {HEADER_SIZE} header bytes")
     cookie, version_hex, free_threaded = _HEADER.unpack_from(data, 0)
     if cookie != COOKIE:
-        raise PythonLayoutError(f"_PyRuntime does not start with the {COOKIE.decode()} cookie")
+        raise Unreadable(f"_PyRuntime does not start with the {COOKIE.decode()} cookie")
     if (version_hex >> 24) != 3 or free_threaded > 1:
-        raise PythonLayoutError(f"_Py_DebugOffsets header is implausible (version {version_hex:#x})")
+        raise Unreadable(f"_Py_DebugOffsets header is implausible (version {version_hex:#x})")
     return version_hex, bool(free_threaded)
 
 
 def parse_debug_offsets(data: bytes) -> DebugOffsets:
     """Parse the struct at the start of `data` (at least `SIZE_313` bytes for 3.13).
 
-    Raises `UnsupportedDebugOffsets` for another minor or a free-threaded build, `PythonLayoutError` for
+    Raises `HostError` for another minor or a free-threaded build, `Unreadable` for
     anything malformed (bad cookie, truncation, implausible sizes or offsets).
     """
     version_hex, free_threaded = read_header(data)
     minor = (version_hex >> 16) & 0xFF
     if minor != 13:
-        raise UnsupportedDebugOffsets(f"no verified _Py_DebugOffsets layout for Python 3.{minor}")
+        raise HostError(f"no verified _Py_DebugOffsets layout for Python 3.{minor}")
     if free_threaded:
-        raise UnsupportedDebugOffsets("free-threaded CPython builds are not supported")
+        raise HostError("free-threaded CPython builds are not supported")
     if len(data) < SIZE_313:
-        raise PythonLayoutError(f"_Py_DebugOffsets truncated: {len(data)} of {SIZE_313} bytes")
+        raise Unreadable(f"_Py_DebugOffsets truncated: {len(data)} of {SIZE_313} bytes")
     groups: dict[str, dict[str, int]] = {}
     pos = HEADER_SIZE
     for group, fields in _GROUPS_313:
@@ -141,11 +137,11 @@ def parse_debug_offsets(data: bytes) -> DebugOffsets:
         groups[group] = dict(zip(fields, values, strict=True))
     for group, size in ((g, v["size"]) for g, v in groups.items()):
         if not 0 < size < _MAX_OFFSET:
-            raise PythonLayoutError(f"_Py_DebugOffsets: implausible size {size} of {group}")
+            raise Unreadable(f"_Py_DebugOffsets: implausible size {size} of {group}")
     for group, field, width in _USED:
         off, size = groups[group][field], groups[group]["size"]
         if off + width > size:
-            raise PythonLayoutError(f"_Py_DebugOffsets: {group}.{field} = {off} lies outside its struct ({size})")
+            raise Unreadable(f"_Py_DebugOffsets: {group}.{field} = {off} lies outside its struct ({size})")
     return DebugOffsets(version_hex, free_threaded, groups)
 
 
@@ -159,11 +155,11 @@ def encode_debug_offsets(dbg: DebugOffsets) -> bytes:
 
 def layout_from_debug_offsets(dbg: DebugOffsets) -> PyLayout:
     """A PyLayout from the debug offsets; what they lack (compact unicode size, owner values, state bits)
-    comes from the table of the same minor. UnsupportedDebugOffsets when there is no such table entry."""
+    comes from the table of the same minor. HostError when there is no such table entry."""
     major, minor, _ = dbg.version
     base = layout_for((major, minor))
     if base is None:
-        raise UnsupportedDebugOffsets(f"no verified layout for Python {major}.{minor}")
+        raise HostError(f"no verified layout for Python {major}.{minor}")
     g = dbg.get
     return PyLayout(
         version=(major, minor),

@@ -22,22 +22,19 @@ import psutil
 from aiflame.agent.procmaps import read_maps
 from aiflame.agent.python.debug_offsets import (
     SIZE_313,
-    UnsupportedDebugOffsets,
     compare_with_table,
     layout_from_debug_offsets,
     parse_debug_offsets,
 )
-from aiflame.core.errors import HostError, InternalError
-from aiflame.core.python_layouts import PyLayout, PythonLayoutError, layout_for
+from aiflame.core.errors import HostError, TargetGone, Unreadable
+from aiflame.core.python_layouts import PyLayout, layout_for
 from aiflame.core.raw import RawPyFrame
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
-from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
-from aiflame.symbolize.python.code import PythonObjectError, read_type_name
+from aiflame.symbolize.process_memory import ProcessMemory
+from aiflame.symbolize.python.code import read_type_name
 
 __all__ = [
     "PyTarget",
-    "PythonUnsupported",
     "detect_python",
     "find_object_symbols",
     "python_threads",
@@ -56,14 +53,10 @@ _GLIBC_TID_OFFSET = 720  # glibc 2.36 x86-64; preferred when several offsets fit
 _CHECK_TRIES = 3
 
 
-class PythonUnsupported(HostError):
-    """CPython is in the process but cannot be walked safely (no verified layout, free-threaded, failed
-    check). The message is one line, meant to be shown once."""
-
-
 class PythonNotLoaded(HostError):
     """The executable is named like CPython (pythonX.Y) but holds no runtime, and no libpython is mapped yet: the
-    process was read between its exec and the dynamic loader mapping libpython. Not an answer: ask again."""
+    process was read between its exec and the dynamic loader mapping libpython. Not an answer: ask again (its own
+    class because agent/python/runtime.py asks again on it and gives up on any other HostError)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +96,7 @@ def find_object_symbols(elf: ElfFile, names: set[str]) -> dict[str, int]:
         try:
             data = elf.read_section(sec)
             strtab = elf.read_section(elf.sections[sec.link])
-        except SymbolizeError:
+        except Unreadable:
             continue
         for i in range(len(data) // entsize):
             name_off, info, _other, shndx, value, _size = sym.unpack_from(data, i * entsize)
@@ -173,7 +166,7 @@ def _open_elf(pid: int, cand: _Candidate) -> ElfFile | None:
     for p in (cand.open_path, f"/proc/{pid}/root{cand.path}", cand.path):
         try:
             return ElfFile.open(p)
-        except SymbolizeError:
+        except Unreadable:
             continue
     return None
 
@@ -181,8 +174,8 @@ def _open_elf(pid: int, cand: _Candidate) -> ElfFile | None:
 def detect_python(pid: int) -> PyTarget | None:
     """The CPython interpreter in `pid`, or None when the process holds none (or is gone).
 
-    Raises PythonUnsupported when CPython is there but cannot be walked safely, PythonNotLoaded when its
-    libpython is not mapped yet.
+    Raises HostError when CPython is there but cannot be walked safely (one line, meant to be shown once),
+    PythonNotLoaded (a HostError) when its libpython is not mapped yet.
     """
     cands = _candidates(pid)
     launcher = False  # a pythonX.Y executable without a runtime: the runtime is in a libpython
@@ -217,32 +210,32 @@ def detect_python(pid: int) -> PyTarget | None:
 def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int) -> PyTarget:
     try:
         mem = ProcessMemory(pid)
-    except ProcessMemoryError as e:
-        raise PythonUnsupported(f"CPython in pid {pid}: {e}") from None
+    except TargetGone as e:
+        raise HostError(f"CPython in pid {pid}: {e}") from None
     with mem:
         version = _read_version(mem, cand, version_addr)
         label = f"CPython {version[0]}.{version[1]} in pid {pid} ({cand.path})"
         if cand.name_free_threaded:
-            raise PythonUnsupported(f"{label}: free-threaded builds are not supported")
+            raise HostError(f"{label}: free-threaded builds are not supported")
         warnings: list[str] = []
         layout = layout_for(version[:2])
         if version[:2] >= (3, 13):
             try:
                 dbg = parse_debug_offsets(mem.read(runtime_addr, SIZE_313))
-                if dbg.version[:2] != version[:2]:
-                    raise PythonUnsupported(f"{label}: _Py_DebugOffsets says {dbg.version}, Py_Version {version}")
-                from_dbg = layout_from_debug_offsets(dbg)
-            except UnsupportedDebugOffsets as e:
-                raise PythonUnsupported(f"{label}: {e}") from None
-            except (PythonLayoutError, ProcessMemoryError) as e:
+                from_dbg = layout_from_debug_offsets(dbg) if dbg.version[:2] == version[:2] else None
+            except HostError as e:  # well formed, but of a kind we have no verified reader for
+                raise HostError(f"{label}: {e}") from None
+            except (Unreadable, TargetGone) as e:  # malformed or unreadable: the built-in table may do
                 if layout is None:
-                    raise PythonUnsupported(f"{label}: {e}") from None
+                    raise HostError(f"{label}: {e}") from None
                 warnings.append(f"_Py_DebugOffsets unusable ({e}); using the built-in table")
             else:
+                if from_dbg is None:
+                    raise HostError(f"{label}: _Py_DebugOffsets says {dbg.version}, Py_Version {version}")
                 warnings.extend(compare_with_table(from_dbg))
                 layout = from_dbg
         if layout is None:
-            raise PythonUnsupported(f"{label}: no verified struct layout for this version")
+            raise HostError(f"{label}: no verified struct layout for this version")
         tid_offset = -1
         last_error = ""
         for attempt in range(_CHECK_TRIES):
@@ -250,13 +243,13 @@ def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int) ->
                 tid_offset, notes = _check_live(pid, mem, runtime_addr, layout)
                 warnings.extend(notes)
                 break
-            except (ProcessMemoryError, PythonObjectError, _CheckFailed) as e:
+            except (TargetGone, Unreadable) as e:
                 last_error = str(e)
                 if not psutil.pid_exists(pid):
-                    raise PythonUnsupported(f"{label}: process exited during attach") from None
+                    raise HostError(f"{label}: process exited during attach") from None
                 time.sleep(0.01 * (attempt + 1))  # the target runs while we read: retry a torn read
         else:
-            raise PythonUnsupported(f"{label}: layout check failed: {last_error}")
+            raise HostError(f"{label}: layout check failed: {last_error}")
     return PyTarget(pid, version, runtime_addr, layout, cand.path, tid_offset, tuple(warnings))
 
 
@@ -264,22 +257,18 @@ def _read_version(mem: ProcessMemory, cand: _Candidate, version_addr: int) -> tu
     if version_addr:
         try:
             hexv = int.from_bytes(mem.read(version_addr, 4), "little")
-        except ProcessMemoryError as e:
-            raise PythonUnsupported(f"CPython in pid {mem.pid}: cannot read Py_Version: {e}") from None
+        except TargetGone as e:
+            raise HostError(f"CPython in pid {mem.pid}: cannot read Py_Version: {e}") from None
         major, minor, micro = (hexv >> 24) & 0xFF, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF
         if major != 3:
-            raise PythonUnsupported(f"CPython in pid {mem.pid}: implausible Py_Version {hexv:#x}")
+            raise HostError(f"CPython in pid {mem.pid}: implausible Py_Version {hexv:#x}")
         return major, minor, micro
     if cand.name_minor is None:
-        raise PythonUnsupported(f"CPython in pid {mem.pid} ({cand.path}): cannot tell its version")
+        raise HostError(f"CPython in pid {mem.pid} ({cand.path}): cannot tell its version")
     return 3, cand.name_minor, 0  # the patch level is not stored as data before 3.11
 
 
 # --- live check and a reference walker ----------------------------------------------------------------------
-
-
-class _CheckFailed(InternalError):
-    pass
 
 
 def _tasks(pid: int) -> set[int]:
@@ -292,16 +281,16 @@ def _tasks(pid: int) -> set[int]:
 def _thread_states(mem: ProcessMemory, runtime_addr: int, layout: PyLayout) -> list[int]:
     interp = mem.u64(runtime_addr + layout.runtime_interp_head)
     if not interp:
-        raise _CheckFailed("no interpreter (starting up or finalizing)")
+        raise Unreadable("no interpreter (starting up or finalizing)")
     out: list[int] = []
     ts = mem.u64(interp + layout.interp_tstate_head)
     while ts and len(out) < _MAX_THREADS:
         if ts in out:
-            raise _CheckFailed("thread-state list loops")
+            raise Unreadable("thread-state list loops")
         out.append(ts)
         ts = mem.u64(ts + layout.tstate_next)
     if not out:
-        raise _CheckFailed("interpreter has no thread states")
+        raise Unreadable("interpreter has no thread states")
     return out
 
 
@@ -315,7 +304,7 @@ def _find_tid_offset(mem: ProcessMemory, pthreads: list[int], pid: int, tasks: s
             continue
         try:
             blob = mem.read(pt, _PTHREAD_SCAN)
-        except ProcessMemoryError:
+        except TargetGone:
             continue
         for off in range(0, _PTHREAD_SCAN, 4):
             v = int.from_bytes(blob[off : off + 4], "little")
@@ -324,7 +313,7 @@ def _find_tid_offset(mem: ProcessMemory, pthreads: list[int], pid: int, tasks: s
                 if v == pid:
                     main_hits.add(off)
     if not main_hits:
-        raise _CheckFailed("no thread descriptor holds the pid (main thread not in Python, or not glibc)")
+        raise Unreadable("no thread descriptor holds the pid (main thread not in Python, or not glibc)")
     best = max(counts[o] for o in main_hits)
     fits = {o for o in main_hits if counts[o] == best}
     return _GLIBC_TID_OFFSET if _GLIBC_TID_OFFSET in fits else min(fits)
@@ -361,7 +350,7 @@ def python_threads(target: PyTarget, mem: ProcessMemory) -> dict[int, int]:
     lay = target.layout
     try:
         states = _thread_states(mem, target.runtime_addr, lay)
-    except _CheckFailed:
+    except Unreadable:
         return out
     for ts in states:
         tid = tstate_tid(mem, ts, lay, target.tid_offset)
@@ -403,7 +392,7 @@ def _check_live(pid: int, mem: ProcessMemory, runtime_addr: int, layout: PyLayou
     if layout.tstate_native_thread_id >= 0:
         tids = [mem.u64(ts + layout.tstate_native_thread_id) for ts in states]
         if not any(t in tasks for t in tids):
-            raise _CheckFailed(f"no thread state's native_thread_id is a thread of the process ({tids[:4]})")
+            raise Unreadable(f"no thread state's native_thread_id is a thread of the process ({tids[:4]})")
         main_ts = next((ts for ts, t in zip(states, tids, strict=True) if t == pid), 0)
     else:
         pthreads = [mem.u64(ts + layout.tstate_thread_id) for ts in states]
@@ -424,7 +413,7 @@ def _check_live(pid: int, mem: ProcessMemory, runtime_addr: int, layout: PyLayou
             code = mem.u64(frame + layout.frame_code)
             name = read_type_name(mem.read, code, layout)
             if name != "code":
-                raise _CheckFailed(f"current frame's code object has type {name!r}")
+                raise Unreadable(f"current frame's code object has type {name!r}")
             checked = True
             break
         frame = mem.u64(frame + layout.frame_back)

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiflame.agent.kernel.records import PyProcRec
-from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, PythonUnsupported, detect_python
+from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, detect_python
+from aiflame.core.errors import HostError
 from aiflame.core.python_layouts import PyLayout
 from aiflame.core.raw import PyCode, PyRuntimeInfo, RawEvent, RawSample
 from aiflame.symbolize.python.code import CodeResolver
@@ -83,7 +84,7 @@ class PythonPlugin:
             t = detect_python(pid)
         except PythonNotLoaded:
             return None  # read between its exec and the loader: not absent, ask again
-        except PythonUnsupported as e:
+        except HostError as e:
             if not force and tries == self.RETRIES:
                 self.warnings.append(f"{e}; its native frames are still profiled")
             return None

@@ -17,9 +17,10 @@ from typing import ClassVar, TypeVar
 
 from aiflame.agent.procmaps import read_maps
 from aiflame.core import limits
-from aiflame.core.limits import LimitExceeded, charge
+from aiflame.core.errors import Refused, TargetGone
+from aiflame.core.limits import charge
 from aiflame.core.raw import GpuCode, RawEvent, RawPyFrame
-from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError, read_cstring
+from aiflame.symbolize.process_memory import ProcessMemory, read_cstring
 
 V = TypeVar("V")
 
@@ -140,7 +141,7 @@ def copy_refused(size: int, what: str) -> str:
         return f"implausible size {size} (more than the {cap} bytes copied of one)"
     try:
         charge(size, what, cap)
-    except LimitExceeded as e:
+    except Refused as e:
         return f"not copied: {e}"
     return ""
 
@@ -156,7 +157,7 @@ class TargetMemory:
         try:
             with ProcessMemory(pid) as mem:
                 return mem.read(addr, size)
-        except ProcessMemoryError:
+        except TargetGone:
             return None
 
     def file_of(self, pid: int, addr: int) -> tuple[str, int] | None:
@@ -176,12 +177,12 @@ class TargetMemory:
         def read(at: int, n: int) -> bytes:
             data = self.read(pid, at, n)
             if data is None:
-                raise ProcessMemoryError(f"pid {pid}: cannot read {n} bytes at {at:#x}")
+                raise TargetGone(f"pid {pid}: cannot read {n} bytes at {at:#x}")
             return data
 
         try:
             return read_cstring(read, addr, limit).decode("utf-8", "replace")
-        except ProcessMemoryError:
+        except TargetGone:
             return None
 
 

@@ -29,8 +29,9 @@ from aiflame.agent.runtimes.base import (
     copy_refused,
     drop_pid,
 )
+from aiflame.core.errors import Unreadable
 from aiflame.core.raw import GpuCode, RawEvent
-from aiflame.symbolize.accel.fatbin import FATBIN_MAGIC, FatbinError, fatbin_size
+from aiflame.symbolize.accel.fatbin import FATBIN_MAGIC, fatbin_size
 from aiflame.symbolize.objfmt.elf_format import sniff_header
 
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
@@ -114,7 +115,7 @@ def code_object_size(head: bytes) -> tuple[str, int] | None:
     if len(head) >= 16 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC:
         try:
             return "fatbin", fatbin_size(head[:16])
-        except FatbinError:
+        except Unreadable:
             return None
     h = sniff_header(head)
     if h is not None and h.layout.is64:

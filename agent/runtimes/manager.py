@@ -19,9 +19,9 @@ from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, ProbeRecord, Re
 from aiflame.agent.kernel.uprobes import ProbeSite
 from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.usdt import usdt_spec
+from aiflame.core.errors import Unreadable
 from aiflame.core.limits import Allowance, charged_to
 from aiflame.core.raw import GpuCode, RawEvent
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.usdt import read_notes
 
@@ -160,7 +160,7 @@ class ProbeManager:
             return self._files[key]
         try:
             elf = ElfFile.open(real)
-        except (OSError, SymbolizeError):
+        except (OSError, Unreadable):
             # Not remembered: a /proc/PID/root path fails once its process exits, and a short-lived first user
             # of a library must not leave that library unprobed for every later process.
             return None
@@ -186,7 +186,7 @@ class ProbeManager:
             return done
         try:
             notes = read_notes(elf)
-        except SymbolizeError as e:
+        except Unreadable as e:
             self.warnings.append(f"{path}: {e}")
             return done
         placing: list[tuple[ProbeSite, Runtime, str]] = []  # (site, runtime, call)
@@ -200,7 +200,7 @@ class ProbeManager:
                 continue
             try:
                 spec = usdt_spec(note, call, string_arg)
-            except SymbolizeError as e:
+            except Unreadable as e:
                 self.warnings.append(f"{path}: site {note.pc:#x}: {e}")
                 continue
             probe = len(self._specs)

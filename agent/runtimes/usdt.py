@@ -5,12 +5,13 @@ the resulting Call. One spec per site: each site has its own locations."""
 from __future__ import annotations
 
 from aiflame.agent.runtimes.base import ARG0, DEREF0, MAX_DEREFS, MAX_REGS, Deref, ProbeSpec, UsdtValue
-from aiflame.symbolize.objfmt.usdt import UsdtError, UsdtNote
+from aiflame.core.errors import Refused
+from aiflame.symbolize.objfmt.usdt import UsdtNote
 
 
 def usdt_spec(note: UsdtNote, call: str, string_arg: int = -1, stack: bool = True) -> ProbeSpec:
     """The probe of one SDT site; `string_arg` names the argument that is a char* to read (-1: none).
-    UsdtError when the site needs more registers or reads than a probe has."""
+    Refused (an Unreadable) when the site needs more registers or reads than a probe has."""
     regs: list[int] = []
     derefs: list[Deref] = []
     values: list[UsdtValue] = []
@@ -18,7 +19,7 @@ def usdt_spec(note: UsdtNote, call: str, string_arg: int = -1, stack: bool = Tru
     def slot(reg: int) -> int:
         if reg not in regs:
             if len(regs) >= MAX_REGS:
-                raise UsdtError(f"{note.provider}:{note.name}: more than {MAX_REGS} registers")
+                raise Refused(f"{note.provider}:{note.name}: more than {MAX_REGS} registers")
             regs.append(reg)
         return ARG0 + regs.index(reg)
 
@@ -29,7 +30,7 @@ def usdt_spec(note: UsdtNote, call: str, string_arg: int = -1, stack: bool = Tru
             values.append(UsdtValue(slot(a.reg), a.size, a.signed))
         else:
             if len(derefs) >= MAX_DEREFS:
-                raise UsdtError(f"{note.provider}:{note.name}: more than {MAX_DEREFS} memory arguments")
+                raise Refused(f"{note.provider}:{note.name}: more than {MAX_DEREFS} memory arguments")
             derefs.append(Deref(slot(a.reg), a.offset))
             values.append(UsdtValue(DEREF0 + len(derefs) - 1, a.size, a.signed))
     string = -1

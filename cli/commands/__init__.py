@@ -3,8 +3,8 @@ them; a new command is its module plus one entry there.
 
 A command only wires parts together: it declares its arguments, runs the work that lives in the layers below, and
 prints the result. It reports a failure by raising an `AiflameError` of the right kind (a misuse the parser could
-not see: `UsageError`); `aiflame.cli.main` prints it as one line and exits with the kind's status. Imports that
-cost start-up time stay inside `run`, so `aiflame status` does not load the symbolizer.
+not see: `UsageError`; core/errors.py has them all); `aiflame.cli.main` prints it as one line and exits with the
+kind's status. Imports that cost start-up time stay inside `run`, so `aiflame status` does not load the symbolizer.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from typing import Protocol
 from rich.console import Console
 from rich.markup import escape
 
-from aiflame.core.errors import AiflameError
-
-__all__ = ["EXAMPLES", "Command", "UsageError", "warn"]
+__all__ = ["EXAMPLES", "Command", "warn"]
 
 # The examples of `aiflame --help` (and of `aiflame profile --help`, where a newcomer starts).
 EXAMPLES = """examples:
@@ -50,12 +48,6 @@ class Command(Protocol):
 
     def run(self, args: argparse.Namespace) -> int:
         """Do it; the exit status (0), or raise an AiflameError. `args.argv` is the whole command line."""
-
-
-class UsageError(AiflameError):
-    """The arguments do not fit together in a way the parser cannot check (give --pid or a command, not both)."""
-
-    exit_code = 2
 
 
 def warn(message: str) -> None:

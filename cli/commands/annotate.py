@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Execute the parsed `annotate` command; AnnotateError and CaptureError reach main as one-line errors."""
+    """Execute the parsed `annotate` command; its errors (BadInput and its kinds) reach main as one line."""
     from aiflame.core.capture import read_capture
     from aiflame.symbolize.annotate import annotate_any
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from aiflame.core.errors import Unreadable
 from aiflame.exporters.chakra_check import Problem, check, errors, expand
-from aiflame.exporters.chakra_nodes import ChakraError
 
 NAME = "chakra"
 HELP = "Chakra execution traces: check them against ASTRA-sim's input rules; calibrate a network"
@@ -50,21 +50,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def print_problems(problems: Sequence[Problem]) -> int:
-    """One line per problem on stderr; a ChakraError (exit 1, printed once by cli.main) when one is an error."""
+    """One line per problem on stderr; an Unreadable (exit 1, printed once by cli.main) when one is an error."""
     err = Console(stderr=True)
     for p in problems:
         colour = "red" if p.severity == "error" else "yellow"
         err.print(f"[{colour}]{escape(str(p))}[/]", highlight=False, soft_wrap=True)
     bad = errors(problems)
     if bad:
-        raise ChakraError(f"{len(bad)} of ASTRA-sim's input rules broken: the simulator would not run these "
-                          "traces to the end")
+        raise Unreadable(f"{len(bad)} of ASTRA-sim's input rules broken: the simulator would not run these "
+                         "traces to the end")
     return 0
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from aiflame.cli.commands import UsageError
     from aiflame.cli.stack_view import load_profile
+    from aiflame.core.errors import UsageError
     from aiflame.exporters.base import write_atomic
     from aiflame.exporters.chakra_calibration import calibrate as fit
     from aiflame.exporters.chakra_calibration import calibration_yaml, capture_id
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             groups = [int(k) for k in json.loads(args.comm_groups.read_text())]
         except (OSError, ValueError, TypeError, AttributeError) as e:
-            raise ChakraError(f"{args.comm_groups}: not a comm-group configuration ({e})") from None
+            raise Unreadable(f"{args.comm_groups}: not a comm-group configuration ({e})") from None
     files = expand(args.paths)
     problems = check(files, world=args.world, comm_groups=groups, splits=args.splits, roofline=args.roofline)
     code = print_problems(problems)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from aiflame.cli.commands import UsageError, warn
+from aiflame.cli.commands import warn
 from aiflame.cli.output import check_output, is_stdout, write_output
 from aiflame.cli.stack_view import add_view_options, capture_files, load_job, load_view
+from aiflame.core.errors import UsageError
 from aiflame.exporters import REGISTRY, get_exporter, parse_option_values
 
 NAME = "export"

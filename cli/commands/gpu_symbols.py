@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from aiflame.cli.commands import UsageError
+from aiflame.core.errors import BadInput, NothingToShow, UsageError
 
 if TYPE_CHECKING:
     from aiflame.symbolize.accel.gpu_symbols import Instruction, Inventory
@@ -39,11 +39,11 @@ def _offset(text: str) -> int:
 
 
 def _arch(text: str) -> int:
-    from aiflame.symbolize.accel.gpu_symbols import GpuSymbolsError, parse_arch
+    from aiflame.symbolize.accel.gpu_symbols import parse_arch
 
     try:
         return parse_arch(text)
-    except GpuSymbolsError as e:
+    except BadInput as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
@@ -71,12 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_inventory(console: Console, inv: Inventory, arch: int | None) -> None:
-    from aiflame.symbolize.accel.gpu_symbols import GpuSymbolsError
 
     cubins = [c for c in inv.cubins if arch is None or c.arch == arch]
     if arch is not None and not cubins:
         present = ", ".join(f"sm_{a}" for a in inv.archs) or "none"
-        raise GpuSymbolsError(f"{inv.path}: no code for sm_{arch}; present: {present}")
+        raise NothingToShow(f"{inv.path}: no code for sm_{arch}; present: {present}")
     what = {"elf": "host binary", "fatbin": "fatbin", "cubin": "cubin", "capture": "aiflame capture"}[inv.container]
     parts = [f"{len(inv.cubins)} cubin(s) with code"]
     if inv.ptx_archs:

@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from aiflame.cli.commands import UsageError, warn
+from aiflame.cli.commands import warn
+from aiflame.core.errors import UsageError
 from aiflame.symbolize.vendor.stall_import import FORMATS, LAYOUTS
 
 NAME = "import"

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from aiflame.cli import argtypes
-from aiflame.cli.commands import EXAMPLES, UsageError, warn
+from aiflame.cli.commands import EXAMPLES, warn
 from aiflame.cli.stack_view import add_view_options, stack_options
+from aiflame.core.errors import BadInput, UsageError
 from aiflame.exporters import REGISTRY
 
 if TYPE_CHECKING:
@@ -95,20 +96,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check_target(pid: int | None) -> None:
-    """Root and a live target before anything starts, as the kinds of error they are (the session checks them
-    again, as plain bad input)."""
-    from aiflame.agent.session import SessionError, check_pid, check_root
-    from aiflame.core.errors import HostError, TargetGone
+    """Root (HostError) and a live target (TargetGone) before anything starts; the session checks them again."""
+    from aiflame.agent.session import check_pid, check_root
 
-    try:
-        check_root()
-    except SessionError as e:
-        raise HostError(str(e)) from None
+    check_root()
     if pid is not None:
-        try:
-            check_pid(pid)
-        except SessionError as e:
-            raise TargetGone(str(e)) from None
+        check_pid(pid)
 
 
 def _regular_file(path: Path) -> bool:
@@ -125,7 +118,6 @@ def _check_out_dir(out_dir: Path, *, force: bool) -> None:
     cut short) unless `force`: a second run into the same DIR would silently replace the first."""
     from aiflame.agent.session import SessionConfig
     from aiflame.cli.output import is_stdout
-    from aiflame.core.errors import BadInput
 
     if is_stdout(out_dir):
         raise UsageError("-o names the output directory of profile, not a stream: '-' (stdout) cannot hold a "

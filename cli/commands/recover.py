@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from aiflame.cli.commands import UsageError
+from aiflame.core.errors import UsageError
 
 NAME = "recover"
 HELP = "make a capture cut short (its profiler killed) readable again"

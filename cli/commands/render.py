@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from aiflame.cli.commands import UsageError
 from aiflame.cli.output import check_output, is_stdout, write_output
 from aiflame.cli.stack_view import add_view_options, load_view
+from aiflame.core.errors import UsageError
 from aiflame.exporters import REGISTRY, parse_option_values
 from aiflame.exporters.svg import SvgExporter
 

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aiflame.cli.commands import UsageError, warn
-from aiflame.core.errors import BadInput
+from aiflame.cli.commands import warn
+from aiflame.core.errors import NothingToShow, UsageError
 from aiflame.core.model import Profile
 from aiflame.exporters.comm_plot import CommPlotExporter, Flag, comm_totals, imbalance
 from aiflame.exporters.event_totals import human_bytes
@@ -25,12 +25,7 @@ NAME = "report"
 HELP = "reports over a capture (comm: collective balance across ranks; sim: ASTRA-sim's replay beside it)"
 DESCRIPTION = ""
 EXAMPLES = ""
-__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "ReportError", "add_arguments", "report_comm", "report_sim",
-           "run"]
-
-
-class ReportError(BadInput):
-    """A report cannot be made from this input; one line."""
+__all__ = ["DESCRIPTION", "EXAMPLES", "HELP", "NAME", "add_arguments", "report_comm", "report_sim", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,7 +76,7 @@ def report_comm(prof: Profile, console: Console, size_threshold: float, time_thr
     """Print the table and the flags; write the plot when `plot` is given. Returns the flags."""
     totals = comm_totals(prof)
     if not totals:
-        raise ReportError("no collectives in this capture (taken with --no-runtimes, or no gloo/NCCL calls?)")
+        raise NothingToShow("no collectives in this capture (taken with --no-runtimes, or no gloo/NCCL calls?)")
     flags = imbalance(totals, size_threshold, time_threshold, min_time_ms)
     marked = {(f.collective, f.rank, f.what) for f in flags}
     t = Table(title="Collectives per rank", title_justify="left")

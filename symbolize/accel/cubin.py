@@ -9,7 +9,7 @@ with those relocations (dwarf_lines.py's reader assumes host-style absolute addr
 through the header parser and state machine of dwarf_program.py.
 
 The ELF headers are read with elf_format.py's bounded helpers over an in-memory buffer (cubins come out of
-fatbins, never from a file of their own). Malformed input raises `CubinError`, a SymbolizeError.
+fatbins, never from a file of their own). Malformed input raises `Unreadable`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.dwarf_forms import DWARF_ERRORS
 from aiflame.symbolize.objfmt.dwarf_program import parse_line_header, run_line_program
 from aiflame.symbolize.objfmt.elf_format import (
@@ -34,7 +34,7 @@ from aiflame.symbolize.objfmt.elf_format import (
     sniff_header,
 )
 
-__all__ = ["EM_CUDA", "Cubin", "CubinError", "CubinLines", "Kernel", "LineRange", "cubin_arch", "parse_cubin"]
+__all__ = ["EM_CUDA", "Cubin", "CubinLines", "Kernel", "LineRange", "cubin_arch", "parse_cubin"]
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,6 @@ _SHT_SYMTAB, _SHT_RELA, _SHT_NOBITS, _SHT_REL = 2, 4, 8, 9
 _STT_SECTION, _STT_FUNC = 3, 2
 _SHN_LORESERVE = 0xFF00
 _MAX_SECTION = 1 << 30
-
-
-class CubinError(SymbolizeError):
-    """A cubin is truncated or malformed; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -145,11 +141,11 @@ class Cubin:
         return any(s.name == ".debug_line" and s.size for s in self.sections)
 
     def section_data(self, sec: Section) -> bytes:
-        """The bytes of `sec`; CubinError when it lies outside the cubin."""
+        """The bytes of `sec`; Unreadable when it lies outside the cubin."""
         if sec.type == _SHT_NOBITS or not sec.size:
             return b""
         if sec.size > _MAX_SECTION or sec.offset + sec.size > len(self.data):
-            raise CubinError(f"{self.label}: section {sec.name or '?'} lies outside the cubin")
+            raise Unreadable(f"{self.label}: section {sec.name or '?'} lies outside the cubin")
         return self.data[sec.offset : sec.offset + sec.size]
 
     def code(self, kernel: str) -> bytes:
@@ -159,7 +155,7 @@ class Cubin:
         return data[k.value : k.value + k.size]
 
     def lines(self) -> CubinLines:
-        """Line tables of every kernel (parsed once); CubinError when `.debug_line` is malformed."""
+        """Line tables of every kernel (parsed once); Unreadable when `.debug_line` is malformed."""
         if self._lines is None:
             self._lines = _LineReader(self).read()
         return self._lines
@@ -168,23 +164,18 @@ class Cubin:
 def parse_cubin(data: bytes, *, label: str = "cubin", digest: str | None = None) -> Cubin:
     """Parse the cubin in `data` (headers, symbols, kernels; line tables later, on `lines()`).
 
-    `digest` saves rehashing when the caller has it (FatbinEntry.digest). Raises CubinError when `data` is not
+    `digest` saves rehashing when the caller has it (FatbinEntry.digest). Raises Unreadable when `data` is not
     a 64-bit little-endian EM_CUDA ELF or is malformed.
     """
-    try:
-        h = parse_header(data, label)
-        if h.e_machine != EM_CUDA:
-            raise CubinError(f"{label}: not a cubin (e_machine {h.e_machine})")
-        if not h.layout.is64 or not h.little_endian:
-            raise CubinError(f"{label}: not a 64-bit little-endian cubin")
-        # All reads are bounded by len(data) and served from it; the descriptor is never used.
-        r = Reader(-1, len(data), data, label)
-        _phnum, shnum, shstrndx = extended_counts(r, h)
-        sections = read_sections(r, h, shnum, shstrndx)
-    except CubinError:
-        raise
-    except SymbolizeError as e:
-        raise CubinError(str(e)) from None
+    h = parse_header(data, label)
+    if h.e_machine != EM_CUDA:
+        raise Unreadable(f"{label}: not a cubin (e_machine {h.e_machine})")
+    if not h.layout.is64 or not h.little_endian:
+        raise Unreadable(f"{label}: not a 64-bit little-endian cubin")
+    # All reads are bounded by len(data) and served from it; the descriptor is never used.
+    r = Reader(-1, len(data), data, label)
+    _phnum, shnum, shstrndx = extended_counts(r, h)
+    sections = read_sections(r, h, shnum, shstrndx)
     cubin = Cubin(data, label, _arch(h), sections, [], {}, digest or hashlib.sha256(data).hexdigest())
     cubin._symbols = _read_symbols(cubin)
     cubin.kernels = _find_kernels(cubin)
@@ -213,7 +204,7 @@ def _read_symbols(cubin: Cubin) -> list[_Sym]:
     st = struct.Struct("<IBBHQQ")
     entsize = symtab.entsize or st.size
     if entsize < st.size:
-        raise CubinError(f"{cubin.label}: symbol table entry size {entsize}")
+        raise Unreadable(f"{cubin.label}: symbol table entry size {entsize}")
     out = []
     for i in range(len(data) // entsize):
         name_off, info, other, shndx, value, size = st.unpack_from(data, i * entsize)
@@ -267,7 +258,7 @@ class _LineReader:
             while pos + 4 <= len(data):
                 pos = self._unit(data, pos, relocs, seqs)
         except DWARF_ERRORS as e:
-            raise CubinError(f"{self.label}: malformed .debug_line ({e})") from None
+            raise Unreadable(f"{self.label}: malformed .debug_line ({e})") from None
         return CubinLines(_tables(seqs))
 
     def _relocations(self, target: int) -> dict[int, _Reloc]:

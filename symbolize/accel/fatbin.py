@@ -6,7 +6,7 @@ an LZ4 block or a zstd frame. The layout (verified against `cuobjdump -xelf`, by
 shared/facts/nvidia.md; everything little-endian. A fatbin read from process memory starts at a container
 header: `fatbin_size` says how many bytes to read.
 
-Container-level damage (truncation, sizes pointing outside the data) raises `FatbinError`; a payload that cannot
+Container-level damage (truncation, sizes pointing outside the data) raises `Unreadable`; a payload that cannot
 be decoded (unknown compression, corrupt stream) only marks its own entry (`FatbinEntry.error`), so one odd
 entry does not hide the others.
 """
@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aiflame.core import limits
-from aiflame.core.safe_files import FileRefused, open_regular
+from aiflame.core.errors import Refused, Unreadable
+from aiflame.core.safe_files import open_regular
 from aiflame.symbolize.accel.cubin import EM_CUDA
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.elf_format import SHT_NOBITS, sniff_header
-from aiflame.symbolize.objfmt.inflate import InflateError, inflate_lz4, inflate_zstd
+from aiflame.symbolize.objfmt.inflate import inflate_lz4, inflate_zstd
 
 __all__ = [
     "FATBIN_MAGIC",
     "FatbinEntry",
-    "FatbinError",
     "decompress_payload",
     "fatbin_size",
     "find_fatbins",
@@ -51,10 +50,6 @@ _FLAG_OLD_LZ = 0x1000
 _FLAG_LZ4 = 0x2000
 _FLAG_ZSTD = 0x8000
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-class FatbinError(SymbolizeError):
-    """A fatbin container is truncated or malformed; the message is one line naming where."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +73,12 @@ class FatbinEntry:
 def fatbin_size(header: bytes) -> int:
     """Total size in bytes (header included) of the container whose first 16 bytes are `header`."""
     if len(header) < _HEADER.size:
-        raise FatbinError("fatbin header truncated")
+        raise Unreadable("fatbin header truncated")
     magic, _version, hsize, size = _HEADER.unpack_from(header, 0)
     if magic != FATBIN_MAGIC:
-        raise FatbinError(f"not a fatbin (magic {magic:#010x})")
+        raise Unreadable(f"not a fatbin (magic {magic:#010x})")
     if hsize < _HEADER.size:
-        raise FatbinError(f"fatbin header size {hsize} too small")
+        raise Unreadable(f"fatbin header size {hsize} too small")
     return int(hsize + size)
 
 
@@ -91,7 +86,7 @@ def find_fatbins(data: bytes | memoryview) -> list[tuple[int, int]]:
     """(offset, size) of each fatbin container in `data`, e.g. the contents of a `.nv_fatbin` section.
 
     Containers are 8-byte aligned; the gaps between them are scanned at that alignment for the magic.
-    A container running past the end of `data` raises FatbinError.
+    A container running past the end of `data` raises Unreadable.
     """
     raw = data if isinstance(data, bytes) else bytes(data)
     out: list[tuple[int, int]] = []
@@ -106,7 +101,7 @@ def find_fatbins(data: bytes | memoryview) -> list[tuple[int, int]]:
             continue
         size = fatbin_size(raw[at : at + _HEADER.size])
         if at + size > n:
-            raise FatbinError(f"fatbin at {at:#x} runs past the end ({size} bytes, {n - at} left)")
+            raise Unreadable(f"fatbin at {at:#x} runs past the end ({size} bytes, {n - at} left)")
         out.append((at, size))
         pos = at + ((size + 7) & ~7)
     return out
@@ -119,14 +114,14 @@ def iter_entries(
 
     `data` is a `.nv_fatbin` section, a fatbin file, or bytes read from process memory starting at a container
     header. Entry kinds other than PTX and ELF (e.g. LTO IR) are skipped; with `only`, so is every entry whose
-    `offset` is not in it (a second pass decompresses just the entries it needs). Raises FatbinError (one
+    `offset` is not in it (a second pass decompresses just the entries it needs). Raises Unreadable (one
     line, prefixed with `label`) on a truncated or malformed container.
     """
     raw = data if isinstance(data, bytes) else bytes(data)
     try:
         spans = find_fatbins(raw)
-    except FatbinError as e:
-        raise FatbinError(f"{label}: {e}") from None
+    except Unreadable as e:
+        raise Unreadable(f"{label}: {e}") from None
 
     def read(off: int, n: int) -> bytes:
         return raw[off : off + n]
@@ -140,27 +135,28 @@ def iter_file_entries(fd: int, offset: int, *, label: str = "fatbin", limit: int
     """The entries of the one fatbin container at `offset` of the open file `fd`, read one payload at a time:
     only the entry being decoded is ever in memory, never the container (a registration may name hundreds of
     MiB). `limit`: the most bytes the container may span (e.g. what its registration said). Offsets in the
-    entries are relative to `offset`. FatbinError as iter_entries."""
+    entries are relative to `offset`. Unreadable as iter_entries."""
     try:
         file_size = os.fstat(fd).st_size
     except OSError as e:
-        raise FatbinError(f"{label}: {e.strerror or e}") from None
+        raise Unreadable(f"{label}: {e.strerror or e}") from None
 
     def read(off: int, n: int) -> bytes:
         try:
             data = os.pread(fd, n, offset + off)
         except OSError as e:
-            raise FatbinError(f"{label}: read failed: {e.strerror or e}") from None
+            raise Unreadable(f"{label}: read failed: {e.strerror or e}") from None
         if len(data) != n:
-            raise FatbinError(f"{label}: truncated at {off:#x}")
+            raise Unreadable(f"{label}: truncated at {off:#x}")
         return data
 
+    header = read(0, _HEADER.size)  # its errors name `label` already
     try:
-        size = fatbin_size(read(0, _HEADER.size))
-    except FatbinError as e:
-        raise FatbinError(f"{label}: {e}") from None
+        size = fatbin_size(header)
+    except Unreadable as e:
+        raise Unreadable(f"{label}: {e}") from None
     if offset + size > file_size or (limit is not None and size > limit):
-        raise FatbinError(f"{label}: fatbin at {offset:#x} runs past its file or registration ({size} bytes)")
+        raise Unreadable(f"{label}: fatbin at {offset:#x} runs past its file or registration ({size} bytes)")
     yield from _container_entries(read, 0, size, label, only)
 
 
@@ -172,15 +168,15 @@ def _container_entries(
     cap = limits.current().payload_bytes
     while pos < end:
         if pos + _ENTRY_MIN > end:
-            raise FatbinError(f"{label}: entry header at {pos:#x} truncated")
+            raise Unreadable(f"{label}: entry header at {pos:#x} truncated")
         head = read(pos, _ENTRY_MIN)
         kind, _tag, ehsize, padded, csize, _opts, _minor, _major, arch, _no, _nl, flags = _ENTRY.unpack_from(head, 0)
         (usize,) = struct.unpack_from("<Q", head, 0x38)
         if ehsize < _ENTRY_MIN:
-            raise FatbinError(f"{label}: entry at {pos:#x} has header size {ehsize}")
+            raise Unreadable(f"{label}: entry at {pos:#x} has header size {ehsize}")
         body = pos + ehsize
         if body + padded > end:
-            raise FatbinError(f"{label}: entry at {pos:#x} runs past its fatbin ({padded} bytes)")
+            raise Unreadable(f"{label}: entry at {pos:#x} runs past its fatbin ({padded} bytes)")
         if kind in _KINDS and (only is None or pos in only):
             if (csize or padded) > cap:
                 yield FatbinEntry(_KINDS[kind], arch, flags, b"", "", pos,
@@ -197,33 +193,30 @@ def _decode_entry(
 ) -> FatbinEntry:
     try:
         data = decompress_payload(payload, flags, csize, usize)
-    except FatbinError as e:
+    except Unreadable as e:
         return FatbinEntry(kind, arch, flags, b"", "", offset, f"{kind} sm_{arch} entry at {offset:#x}: {e}")
     data = data.rstrip(b"\0") if kind == "ptx" else data[: _elf_extent(data)]
     return FatbinEntry(kind, arch, flags, data, hashlib.sha256(data).hexdigest(), offset)
 
 
 def decompress_payload(payload: bytes, flags: int, compressed_size: int, uncompressed_size: int) -> bytes:
-    """The entry's payload decompressed per its header fields (padding kept); FatbinError when it cannot be,
+    """The entry's payload decompressed per its header fields (padding kept); Unreadable when it cannot be,
     or when it would be larger than core/limits.py allows (payload_bytes, and the served process's allowance)."""
     if not compressed_size:
         return payload
     if compressed_size > len(payload):
-        raise FatbinError(f"compressed size {compressed_size} exceeds the payload ({len(payload)} bytes)")
+        raise Unreadable(f"compressed size {compressed_size} exceeds the payload ({len(payload)} bytes)")
     src = payload[:compressed_size]
     cap = limits.current().payload_bytes
-    try:
-        if flags & _FLAG_ZSTD:
-            if not src.startswith(_ZSTD_MAGIC):
-                raise FatbinError("zstd payload without a zstd frame")
-            return inflate_zstd(src, uncompressed_size, cap, "zstd payload")
-        if flags & _FLAG_LZ4:
-            return inflate_lz4(src, uncompressed_size, cap, "LZ4 payload")
-    except InflateError as e:
-        raise FatbinError(str(e)) from None
+    if flags & _FLAG_ZSTD:
+        if not src.startswith(_ZSTD_MAGIC):
+            raise Unreadable("zstd payload without a zstd frame")
+        return inflate_zstd(src, uncompressed_size, cap, "zstd payload")
+    if flags & _FLAG_LZ4:
+        return inflate_lz4(src, uncompressed_size, cap, "LZ4 payload")
     if flags & _FLAG_OLD_LZ:
-        raise FatbinError("unsupported compression: older NVIDIA LZ (flag 0x1000); `cuobjdump -xelf` can extract it")
-    raise FatbinError(f"compressed with unknown method (flags {flags:#x})")
+        raise Unreadable("unsupported compression: older NVIDIA LZ (flag 0x1000); `cuobjdump -xelf` can extract it")
+    raise Unreadable(f"compressed with unknown method (flags {flags:#x})")
 
 
 def _elf_extent(data: bytes) -> int:
@@ -249,15 +242,13 @@ def _elf_extent(data: bytes) -> int:
 def read_fatbin_file(path: str | os.PathLike[str]) -> tuple[str, bytes]:
     """(what, bytes) of the device code in `path`: ("elf", its `.nv_fatbin`) for a host ELF; ("fatbin", the
     file) for a fatbin file; ("cubin", the file) for a cubin. A host ELF without device code gives ("elf", b"").
-    Raises SymbolizeError when the file is unreadable, larger than a payload may be, or none of these.
+    Raises Unreadable when the file is unreadable, larger than a payload may be, or none of these.
     """
     label = os.fsdecode(path)
     try:
         fd, st = open_regular(path)
     except OSError as e:
-        raise FatbinError(f"{label}: {e.strerror or e}") from None
-    except FileRefused as e:
-        raise FatbinError(str(e)) from None
+        raise Unreadable(f"{label}: {e.strerror or e}") from None
     try:
         head = os.pread(fd, 64, 0)
         h = sniff_header(head)
@@ -265,13 +256,13 @@ def read_fatbin_file(path: str | os.PathLike[str]) -> tuple[str, bytes]:
         if is_cubin or (len(head) >= 4 and struct.unpack_from("<I", head)[0] == FATBIN_MAGIC):
             cap = limits.current().payload_bytes
             if st.st_size > cap:
-                raise FatbinError(f"{label}: {st.st_size} bytes, more than a fatbin or cubin is read ({cap})")
+                raise Refused(f"{label}: {st.st_size} bytes, more than a fatbin or cubin is read ({cap})")
             data = os.pread(fd, st.st_size, 0)
             if len(data) != st.st_size:
-                raise FatbinError(f"{label}: changed while read")
+                raise Unreadable(f"{label}: changed while read")
             return ("cubin" if is_cubin else "fatbin"), data
     except OSError as e:
-        raise FatbinError(f"{label}: {e.strerror or e}") from None
+        raise Unreadable(f"{label}: {e.strerror or e}") from None
     finally:
         os.close(fd)
     with ElfFile.open(path) as elf:

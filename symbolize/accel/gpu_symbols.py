@@ -2,7 +2,8 @@
 
 Pure functions over a file: a host ELF with device code (its `.nv_fatbin`), a fatbin file, or a cubin. Kernel
 names may be given mangled, demangled, as the short demangled name (`demo::fill<int>`) or as a unique
-substring. User mistakes raise `GpuSymbolsError` with one line that says what would have worked.
+substring. User mistakes raise a `BadInput` (`NothingToShow` for a kernel or code the file does not hold) with one
+line that says what would have worked.
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.core.capture import CaptureError, is_capture, read_capture
-from aiflame.symbolize.accel.cubin import Cubin, CubinError, Kernel, parse_cubin
+from aiflame.core.capture import is_capture, read_capture
+from aiflame.core.errors import BadInput, NothingToShow, Unreadable
+from aiflame.symbolize.accel.cubin import Cubin, Kernel, parse_cubin
 from aiflame.symbolize.accel.fatbin import FatbinEntry, iter_entries, read_fatbin_file
-from aiflame.symbolize.accel.sass import SassError, disassemble, find_nvdisasm
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.symbolize.accel.sass import disassemble, find_nvdisasm
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
 
 __all__ = [
     "CubinInfo",
-    "GpuSymbolsError",
     "Instruction",
     "Inventory",
     "KernelInfo",
@@ -38,10 +38,6 @@ _INSN_BYTES = 16
 # Above this a cubin is disassembled one function at a time: nvdisasm needs minutes for a 100 MiB NCCL cubin.
 _WHOLE_CUBIN_SASS = 16 << 20
 _ARCH = re.compile(r"^(?:sm_|compute_|sm)?(\d{2,3})[a-z]?$")
-
-
-class GpuSymbolsError(SymbolizeError):
-    """A gpu-symbols request cannot be answered (unknown kernel, bad offset, missing arch); one line."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +98,10 @@ class Instruction:
 
 
 def parse_arch(text: str) -> int:
-    """`sm_90`, `sm_90a`, `compute_90` or `90` -> 90; GpuSymbolsError otherwise."""
+    """`sm_90`, `sm_90a`, `compute_90` or `90` -> 90; BadInput otherwise."""
     m = _ARCH.match(text.strip().lower())
     if not m:
-        raise GpuSymbolsError(f"bad architecture {text!r} (expected e.g. sm_90)")
+        raise BadInput(f"bad architecture {text!r} (expected e.g. sm_90)")
     return int(m.group(1))
 
 
@@ -119,11 +115,11 @@ class _Source:
             self.container, self.data = "capture", b""
             self.stored = _capture_entries(path)
             if not self.stored:
-                raise GpuSymbolsError(f"{self.path}: the capture holds no GPU code (no kernel was launched)")
+                raise NothingToShow(f"{self.path}: the capture holds no GPU code (no kernel was launched)")
             return
         self.container, self.data = read_fatbin_file(path)
         if self.container == "elf" and not self.data:
-            raise GpuSymbolsError(f"{self.path}: no CUDA device code (no .nv_fatbin section)")
+            raise NothingToShow(f"{self.path}: no CUDA device code (no .nv_fatbin section)")
 
     def entries(self, only: set[int] | None = None) -> Iterator[FatbinEntry]:
         if self.container == "capture":
@@ -140,17 +136,14 @@ class _Source:
 def _is_capture(path: str | os.PathLike[str]) -> bool:
     try:
         return is_capture(path)
-    except CaptureError:
+    except Unreadable:
         return False  # read_fatbin_file says why
 
 
 def _capture_entries(path: str | os.PathLike[str]) -> list[FatbinEntry]:
     """The cubins an aiflame capture stored (and those inside fatbins it copied from memory), numbered in order."""
     label = os.fsdecode(path)
-    try:
-        cap = read_capture(Path(path))
-    except CaptureError as e:
-        raise GpuSymbolsError(str(e)) from None
+    cap = read_capture(Path(path))
     out: list[FatbinEntry] = []
     for code in cap.gpu_code:
         if code.kind == "cubin" and code.data:
@@ -163,7 +156,7 @@ def _capture_entries(path: str | os.PathLike[str]) -> list[FatbinEntry]:
 
 
 def inventory(path: str | os.PathLike[str]) -> Inventory:
-    """Every cubin with code in `path` and its kernels. Raises SymbolizeError on unreadable files."""
+    """Every cubin with code in `path` and its kernels. Raises Unreadable on unreadable files."""
     src = _Source(path)
     cubins: list[CubinInfo] = []
     ptx: set[int] = set()
@@ -179,7 +172,7 @@ def inventory(path: str | os.PathLike[str]) -> Inventory:
             continue
         try:
             c = src.cubin(e)
-        except CubinError as err:
+        except Unreadable as err:
             notes.append(str(err))
             continue
         if not c.has_code:
@@ -187,7 +180,7 @@ def inventory(path: str | os.PathLike[str]) -> Inventory:
             continue
         try:
             with_lines = set(c.lines().kernels())
-        except CubinError as err:
+        except Unreadable as err:
             notes.append(str(err))
             with_lines = set()
         raw.append((c, with_lines))
@@ -206,8 +199,9 @@ def inventory(path: str | os.PathLike[str]) -> Inventory:
 
 
 def resolve_kernel(query: str, names: dict[str, str]) -> str:
-    """The mangled name `query` designates among `names` (mangled -> demangled); GpuSymbolsError when none or
-    several do. Tried in turn: mangled, demangled, short demangled name, then a substring of either."""
+    """The mangled name `query` designates among `names` (mangled -> demangled); NothingToShow when
+    none does, BadInput when several do. Tried in turn: mangled, demangled, short demangled name, then a
+    substring of either."""
     q = query.strip()
     if q in names:
         return q
@@ -226,11 +220,11 @@ def resolve_kernel(query: str, names: dict[str, str]) -> str:
     close = difflib.get_close_matches(q, sorted(set(shorts.values())) + list(names), n=5, cutoff=0.5)
     shown = list(dict.fromkeys(shorts.get(c, c) for c in close))
     hint = f"; close: {', '.join(shown)}" if shown else f"; known: {_some(sorted(set(shorts.values())))}"
-    raise GpuSymbolsError(f"unknown kernel {query!r}{hint}")
+    raise NothingToShow(f"unknown kernel {query!r}{hint}")
 
 
-def _ambiguous(query: str, hits: list[str], names: dict[str, str]) -> GpuSymbolsError:
-    return GpuSymbolsError(f"kernel {query!r} is ambiguous: {_some(sorted(names[m] for m in hits))}")
+def _ambiguous(query: str, hits: list[str], names: dict[str, str]) -> BadInput:
+    return BadInput(f"kernel {query!r} is ambiguous: {_some(sorted(names[m] for m in hits))}")
 
 
 def _some(items: list[str], n: int = 6) -> str:
@@ -249,7 +243,7 @@ def lookup_instruction(
     """The instruction at byte `offset` of `kernel`, in every cubin of `path` that has the kernel (just the
     `arch` ones when given), with its source line and, when nvdisasm is installed, its SASS text."""
     if offset < 0 or offset % _INSN_BYTES:
-        raise GpuSymbolsError(f"offset {offset:#x} is not a multiple of {_INSN_BYTES} (one SASS instruction)")
+        raise BadInput(f"offset {offset:#x} is not a multiple of {_INSN_BYTES} (one SASS instruction)")
     src = _Source(path)
     # Pass 1: names only, remembering which entries hold which kernels; pass 2 decodes just those entries.
     where: dict[str, list[tuple[int, int, int]]] = {}  # mangled -> [(entry offset, arch, size)]
@@ -258,12 +252,12 @@ def lookup_instruction(
             continue
         try:
             c = src.cubin(e)
-        except CubinError:
+        except Unreadable:
             continue
         for k in c.kernels.values():
             where.setdefault(k.name, []).append((e.offset, c.arch, k.size))
     if not where:
-        raise GpuSymbolsError(f"{src.path}: no GPU kernels found")
+        raise NothingToShow(f"{src.path}: no GPU kernels found")
     names = demangle(where)
     mangled = resolve_kernel(kernel, names)
     shown = short_name(names[mangled])
@@ -272,13 +266,13 @@ def lookup_instruction(
         present = sorted({a for _, a, _ in places})
         places = [p for p in places if p[1] == arch]
         if not places:
-            raise GpuSymbolsError(
+            raise NothingToShow(
                 f"{shown} has no code for sm_{arch}; present: {', '.join(f'sm_{a}' for a in present)}"
             )
     inside = [p for p in places if offset < p[2]]
     if not inside:
         sizes = ", ".join(f"{s:#x} bytes on sm_{a}" for _, a, s in sorted(set(places), key=lambda p: p[1]))
-        raise GpuSymbolsError(f"offset {offset:#x} is outside {shown} ({sizes})")
+        raise BadInput(f"offset {offset:#x} is outside {shown} ({sizes})")
     nvdisasm = find_nvdisasm() if sass else None
     out: list[Instruction] = []
     for e in src.entries(only={p[0] for p in inside}):
@@ -286,7 +280,7 @@ def lookup_instruction(
         k = c.kernels[mangled]
         try:
             where_line = c.lines().lookup(mangled, offset)
-        except CubinError:
+        except Unreadable:
             where_line = None
         text, note = _sass_text(c, k, offset, nvdisasm, sass, cache_dir)
         file, line = where_line if where_line else (None, None)
@@ -305,7 +299,7 @@ def _sass_text(
     try:
         fun = k.symbol_index if len(c.data) > _WHOLE_CUBIN_SASS else None
         table = disassemble(c.data, c.digest, cache_dir=cache_dir, nvdisasm=nvdisasm, function_index=fun)
-    except SassError as e:
+    except Unreadable as e:
         return None, str(e)
     if table is None:
         return None, "nvdisasm not found"

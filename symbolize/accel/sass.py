@@ -20,10 +20,10 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.cache import default_cache_dir, read_json_gz, write_json_gz
-from aiflame.symbolize.errors import SymbolizeError
 
-__all__ = ["SassError", "Sass", "default_sass_dir", "disassemble", "find_nvdisasm", "parse_nvdisasm"]
+__all__ = ["Sass", "default_sass_dir", "disassemble", "find_nvdisasm", "parse_nvdisasm"]
 
 
 FORMAT = "aiflame-sass"
@@ -38,10 +38,6 @@ _LABEL = re.compile(r"^(\.L_\w+):\s*$")
 _TARGET = re.compile(r"`\((\.L_\w+)\)|(\.L_\w+)")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _TIMEOUT_S = 300
-
-
-class SassError(SymbolizeError):
-    """nvdisasm is installed but failed on a cubin; the message is one line."""
 
 
 def find_nvdisasm() -> Path | None:
@@ -120,7 +116,7 @@ def disassemble(
 
     `function_index` (a symbol table index, `Kernel.symbol_index`) disassembles that one function only: a
     whole NCCL cubin (100 MiB, 6 million instructions) takes nvdisasm minutes, one of its kernels seconds.
-    Raises SassError when nvdisasm fails on the cubin (e.g. an architecture it does not know).
+    Raises Unreadable when nvdisasm fails on the cubin (e.g. an architecture it does not know).
     """
     key = digest if function_index is None else f"{digest}.f{function_index}"
     cache = _Cache(cache_dir or default_sass_dir()) if use_cache and _DIGEST.match(digest) else None
@@ -141,10 +137,10 @@ def disassemble(
                 [str(tool), "-c", *fun, path], capture_output=True, text=True, errors="replace", timeout=_TIMEOUT_S
             )
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise SassError(f"nvdisasm failed: {e}") from None
+            raise Unreadable(f"nvdisasm failed: {e}") from None
     if proc.returncode != 0:
         msg = next((ln.strip() for ln in proc.stderr.splitlines() if ln.strip()), f"exit status {proc.returncode}")
-        raise SassError(f"nvdisasm failed: {msg}")
+        raise Unreadable(f"nvdisasm failed: {msg}")
     sass = parse_nvdisasm(proc.stdout)
     if cache is not None:
         cache.store(key, sass)

@@ -11,27 +11,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from aiflame.core.errors import BadInput, NothingToShow
 from aiflame.core.raw import Capture
 from aiflame.symbolize.annotate.result import (
     ADDRESS,
-    AmbiguousSymbol,
-    AnnotateError,
     Annotation,
     BinaryNotFound,
-    BinaryNotInCapture,
     Instruction,
-    SymbolNotFound,
 )
 
 __all__ = [
     "KINDS",
-    "AmbiguousSymbol",
-    "AnnotateError",
     "Annotation",
     "BinaryNotFound",
-    "BinaryNotInCapture",
     "Instruction",
-    "SymbolNotFound",
     "annotate",
     "annotate_any",
 ]
@@ -58,9 +51,9 @@ def annotate_any(
     ranked hottest. With `kind="auto"`, a Python function named exactly comes first, then a GPU kernel or native
     code (`annotate`), then a Python function a part of the name designates.
 
-    Raises an AnnotateError (a BadInput) with one line: SymbolNotFound (the line lists the hottest functions of
-    both kinds), AmbiguousSymbol (it lists the candidates), BinaryNotInCapture, BinaryNotFound (not on this host,
-    or another build of it)."""
+    Raises, with one line: NothingToShow when nothing matches (the line lists the hottest functions of both
+    kinds) or the capture has no such binary, BadInput when the name is ambiguous (it lists the candidates),
+    BinaryNotFound (an Unreadable) when the binary is not on this host or is another build of it."""
     from aiflame.symbolize.annotate.python import annotate_python, hottest_python, python_functions, python_matches
 
     if kind not in KINDS:
@@ -73,7 +66,7 @@ def annotate_any(
         return annotate_python(cap, symbol, hot=hot, source=source, funcs=py)
     try:
         return annotate(cap, symbol, kind=kind, dso=dso, hot=hot, debug_dirs=debug_dirs, sass=sass, source=source)
-    except (SymbolNotFound, BinaryNotFound) as e:
+    except (NothingToShow, BinaryNotFound) as e:
         if not py:
             raise
         if python_matches(py, symbol, exact=False):
@@ -110,7 +103,7 @@ def annotate(
         return annotate_native(cap, symbol, dso=dso, hot=hot, debug_dirs=debug_dirs, source=source)
     try:
         found = annotate_native(cap, symbol, hot=hot, debug_dirs=debug_dirs, source=False)
-    except AnnotateError:
+    except BadInput:  # the name is no native function here: the GPU kernel it names
         return annotate_gpu(cap, symbol, hot=hot, sass=sass, source=source)
-    raise AmbiguousSymbol(f"{symbol.strip()!r} names a GPU kernel with stall samples and the native function "
-                          f"{found.display} ({found.samples} samples); add --kind gpu or --kind native")
+    raise BadInput(f"{symbol.strip()!r} names a GPU kernel with stall samples and the native function "
+                   f"{found.display} ({found.samples} samples); add --kind gpu or --kind native")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from aiflame.core.errors import BadInput, NothingToShow
 from aiflame.core.raw import Capture, RawStallSample
 from aiflame.symbolize.accel.sass import find_nvdisasm
 from aiflame.symbolize.annotate.result import (
-    AmbiguousSymbol,
     Annotation,
     Instruction,
-    SymbolNotFound,
     match_names,
     rank,
     read_source,
@@ -56,16 +55,16 @@ def annotate_gpu(cap: Capture, query: str, *, hot: int = 5, sass: bool = True, s
     """Annotate the GPU kernel `query` names with its stall samples, per instruction and stall reason."""
     kernels = kernel_samples(cap)
     if not kernels:
-        raise SymbolNotFound("the capture has no GPU stall samples (`aiflame import` adds records taken elsewhere)")
+        raise NothingToShow("the capture has no GPU stall samples (`aiflame import` adds records taken elsewhere)")
     names = demangle(kernels)
     hits = match_names(query, {k: (k, names[k]) for k in kernels})
     if not hits:
         known = sorted(kernels, key=lambda k: -sum(s.count for s in kernels[k]))
-        raise SymbolNotFound(f"no GPU kernel matching {query.strip()!r} has stall samples (kernels: "
-                             f"{some([short_name(names[k]) for k in known], 6)})")
+        raise NothingToShow(f"no GPU kernel matching {query.strip()!r} has stall samples (kernels: "
+                            f"{some([short_name(names[k]) for k in known], 6)})")
     if len(hits) > 1:
         desc = [f"{names[k]} ({sum(s.count for s in kernels[k])} stall samples)" for k in sorted(hits)]
-        raise AmbiguousSymbol(f"{query.strip()!r} matches {len(hits)} GPU kernels: {some(desc)}; give the full name")
+        raise BadInput(f"{query.strip()!r} matches {len(hits)} GPU kernels: {some(desc)}; give the full name")
     kernel = hits[0]
     index = CodeIndex(cap.gpu_code, sass=sass, cache_dir=cache_dir)
     by_cubin: dict[str, list[RawStallSample]] = defaultdict(list)

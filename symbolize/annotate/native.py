@@ -17,22 +17,18 @@ from dataclasses import dataclass, field
 
 import capstone
 
+from aiflame.core.errors import BadInput, NothingToShow, Unreadable
 from aiflame.core.raw import Capture, Mapping, ProcessSnapshot
 from aiflame.symbolize.annotate.result import (
     ADDRESS,
-    AmbiguousSymbol,
-    AnnotateError,
     Annotation,
     BinaryNotFound,
-    BinaryNotInCapture,
     Instruction,
-    SymbolNotFound,
     match_names,
     rank,
     read_source,
     some,
 )
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.debugfiles import find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
@@ -106,7 +102,7 @@ class _Binary:
         clean = mod.path.removesuffix(" (deleted)")
         try:
             self.main = ElfFile.open(clean)
-        except SymbolizeError as e:
+        except Unreadable as e:
             why = str(e).removeprefix(f"{clean}: ")
             raise BinaryNotFound(f"{clean}: not readable on this host ({why}); annotate needs the binary that ran",
                                  why=why) from None
@@ -120,7 +116,7 @@ class _Binary:
         if dbg is not None:
             try:
                 self.debug = ElfFile.open(dbg)
-            except SymbolizeError:
+            except Unreadable:
                 self.debug = None
         by_addr: dict[int, Symbol] = {}
         for f in (self.debug, self.main):  # the debug file's full .symtab first
@@ -182,7 +178,7 @@ class _Binary:
     def code(self, start: int, end: int) -> bytes:
         sec = self.exec_section(start)
         if sec is None:
-            raise SymbolNotFound(f"{self.mod.path}: {start:#x} is not in an executable section")
+            raise NothingToShow(f"{self.mod.path}: {start:#x} is not in an executable section")
         return self.main.read_section_range(sec, start - sec.addr, min(end, sec.addr + sec.size) - start)
 
 
@@ -203,12 +199,12 @@ def annotate_native(cap: Capture, query: str, *, dso: str | None = None, hot: in
     if dso is not None:
         chosen = _modules_named(modules, dso)
         if not chosen:
-            raise BinaryNotInCapture(f"the capture has no binary {dso!r} (binaries with samples: "
-                                     f"{some(_sampled_names(modules)) or 'none'})")
+            raise NothingToShow(f"the capture has no binary {dso!r} (binaries with samples: "
+                                f"{some(_sampled_names(modules)) or 'none'})")
     else:
         chosen = [mod for mod in modules.values() if mod.user]
         if not chosen:
-            raise SymbolNotFound("the capture has no user-mode samples in any binary")
+            raise NothingToShow("the capture has no user-mode samples in any binary")
     binaries: list[_Binary] = []
     unreadable: list[str] = []
     try:
@@ -248,11 +244,11 @@ def _modules_named(modules: dict[tuple[str, str], Module], dso: str) -> list[Mod
 def _one_module(modules: dict[tuple[str, str], Module], dso: str) -> Module:
     hits = _modules_named(modules, dso)
     if not hits:
-        raise BinaryNotInCapture(f"the capture has no binary {dso!r} (binaries with samples: "
-                                 f"{some(_sampled_names(modules)) or 'none'})")
+        raise NothingToShow(f"the capture has no binary {dso!r} (binaries with samples: "
+                            f"{some(_sampled_names(modules)) or 'none'})")
     if len({m.path for m in hits}) > 1:
-        raise AmbiguousSymbol(f"{dso!r} names {len(hits)} binaries: {some(sorted({m.path for m in hits}))}; "
-                              "give its path")
+        raise BadInput(f"{dso!r} names {len(hits)} binaries: {some(sorted({m.path for m in hits}))}; "
+                       "give its path")
     return max(hits, key=lambda m: m.samples)  # a path that ran in several builds: the one with most samples
 
 
@@ -272,7 +268,7 @@ def _find(binaries: list[_Binary], query: str, unreadable: list[str], total: int
                 share[_short(shown[s.name])] += sampled[n][s]
             known = some([f"{name} {100 * c / total:.1f}%" if total else name for name, c in share.most_common()], 6)
             where = f"; binaries not readable here: {some(unreadable, 4)}" if unreadable else ""
-            raise (BinaryNotFound if unreadable else SymbolNotFound)(
+            raise (BinaryNotFound if unreadable else NothingToShow)(
                 f"no function matching {q!r} in the binaries with samples (sampled functions: {known or 'none'})"
                 f"{where}")
     if len(hits) > 1:
@@ -280,8 +276,8 @@ def _find(binaries: list[_Binary], query: str, unreadable: list[str], total: int
         hits.sort(key=lambda k: (-counts[k[0]].get(k[1].addr, 0), k[1].name))
         desc = [f"{_short(demangle([s.name])[s.name])} in {os.path.basename(binaries[n].mod.path)} "
                 f"({counts[n].get(s.addr, 0)} samples)" for n, s in hits]
-        raise AmbiguousSymbol(f"{q!r} matches {len(hits)} functions: {some(desc)}; give the full name, or the "
-                              "binary with --dso")
+        raise BadInput(f"{q!r} matches {len(hits)} functions: {some(desc)}; give the full name, or the "
+                       "binary with --dso")
     n, sym = hits[0]
     return binaries[n], sym
 
@@ -294,11 +290,11 @@ def _by_address(b: _Binary, dso: str, start_off: int, end_off: int | None, hot: 
                 source: bool) -> Annotation:
     start = b.vaddr(start_off)
     if start is None:
-        raise SymbolNotFound(f"{dso}+{start_off:#x} is outside the loaded segments of {b.mod.path}")
+        raise NothingToShow(f"{dso}+{start_off:#x} is outside the loaded segments of {b.mod.path}")
     if end_off is not None:
         end = b.vaddr(end_off - 1)
         if end is None or end_off <= start_off:
-            raise SymbolNotFound(f"{dso}+{start_off:#x}-{end_off:#x} is not a range of {b.mod.path}'s code")
+            raise NothingToShow(f"{dso}+{start_off:#x}-{end_off:#x} is not a range of {b.mod.path}'s code")
         return _annotate(b, start, end + 1, f"{dso}+{start_off:#x}-{end_off:#x}", hot, total, source, (),
                          function=False)
     sym = b.covering(start)
@@ -307,7 +303,7 @@ def _by_address(b: _Binary, dso: str, start_off: int, end_off: int | None, hot: 
                          (f"{dso}+{start_off:#x} is {sym.name}+{start - sym.addr:#x}",))
     sec = b.exec_section(start)
     if sec is None:
-        raise SymbolNotFound(f"{dso}+{start_off:#x} is not in an executable section of {b.mod.path}")
+        raise NothingToShow(f"{dso}+{start_off:#x} is not in an executable section of {b.mod.path}")
     lo, hi = b.unnamed_span(start, sec)
     w_lo, w_hi = max(lo, start - _WINDOW), min(hi, start + _WINDOW)
     note = (f"no symbol covers {dso}+{start_off:#x}: {w_lo:#x}-{w_hi:#x} of the unnamed code at {lo:#x}-{hi:#x} "
@@ -322,10 +318,10 @@ def _annotate(b: _Binary, start: int, end: int, name: str, hot: int, total: int,
     """Disassemble [start, end) of `b` (showing it from `show_from`) and put the samples on it. `function`: the
     range is one function, so branches inside it are labelled by their offset from its start."""
     if b.main.machine != EM_X86_64:
-        raise AnnotateError(f"{b.mod.path}: annotate disassembles x86-64 code; this binary is ELF machine "
-                             f"{b.main.machine}")
+        raise BadInput(f"{b.mod.path}: annotate disassembles x86-64 code; this binary is ELF machine "
+                       f"{b.main.machine}")
     if end - start > _MAX_CODE:
-        raise AnnotateError(f"{name} spans {end - start} bytes; annotate shows at most {_MAX_CODE}")
+        raise BadInput(f"{name} spans {end - start} bytes; annotate shows at most {_MAX_CODE}")
     code = b.code(start, end)
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     md.skipdata = True  # bytes that are no instruction show as .byte and decoding goes on

@@ -15,9 +15,10 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from aiflame.core.errors import BadInput, NothingToShow
 from aiflame.core.python_layouts import layout_for
 from aiflame.core.raw import Capture, PyCode, RawSample
-from aiflame.symbolize.annotate.result import AmbiguousSymbol, SymbolNotFound, match_names, read_source, some
+from aiflame.symbolize.annotate.result import match_names, read_source, some
 from aiflame.symbolize.python.code import line_for
 from aiflame.symbolize.python.merge import python_runs
 
@@ -151,13 +152,13 @@ def annotate_python(cap: Capture, query: str, *, hot: int = 5, source: bool = Tr
     total = sum(s.weight for s in cap.samples)
     hits = python_matches(funcs, query, exact=False)
     if not hits:
-        raise SymbolNotFound(f"no Python function matching {query.strip()!r} (sampled: "
-                             f"{hottest_python(funcs, total) or 'none'})")
+        raise NothingToShow(f"no Python function matching {query.strip()!r} (sampled: "
+                            f"{hottest_python(funcs, total) or 'none'})")
     if len(hits) > 1:
         hits.sort(key=lambda k: -funcs[k].samples)
         desc = [f"{k[0]} ({funcs[k].where()}, {funcs[k].samples} samples)" for k in hits]
-        raise AmbiguousSymbol(f"{query.strip()!r} matches {len(hits)} Python functions: {some(desc)}; give the "
-                              "full qualified name, or FILE.py:NAME")
+        raise BadInput(f"{query.strip()!r} matches {len(hits)} Python functions: {some(desc)}; give the "
+                       "full qualified name, or FILE.py:NAME")
     fn = funcs[hits[0]]
     notes: list[str] = []
     last = _last_line(fn) if source else None

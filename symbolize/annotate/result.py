@@ -13,18 +13,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.demangle import short_name
 
 __all__ = [
     "ADDRESS",
-    "AmbiguousSymbol",
-    "AnnotateError",
     "Annotation",
     "BinaryNotFound",
-    "BinaryNotInCapture",
     "Instruction",
-    "SymbolNotFound",
     "match_names",
     "rank",
     "read_source",
@@ -39,23 +35,7 @@ _SOURCE_BYTES = 4 << 20  # source files larger than this are not read for their 
 ADDRESS = re.compile(r"^(?P<dso>.+?)\+(?P<start>0x[0-9a-fA-F]+)(?:-(?P<end>0x[0-9a-fA-F]+))?$")
 
 
-class AnnotateError(BadInput):
-    """`annotate` cannot show what was asked; the message is one line."""
-
-
-class SymbolNotFound(AnnotateError):
-    """No function (or GPU kernel) matches the name, or an address lies outside the binary."""
-
-
-class AmbiguousSymbol(AnnotateError):
-    """Several functions match the name; the message lists them."""
-
-
-class BinaryNotInCapture(AnnotateError):
-    """The capture has no binary of that name (no sampled process mapped it)."""
-
-
-class BinaryNotFound(AnnotateError):
+class BinaryNotFound(Unreadable):
     """The binary the capture names is not on this host, or is another build of it. `why` says which, briefly."""
 
     def __init__(self, message: str, why: str = "") -> None:

@@ -7,7 +7,7 @@ import os
 import zlib
 from collections.abc import Sequence
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf import read_build_id
 
 __all__ = ["SYSTEM_DEBUG_DIRS", "build_id_path", "find_debug_file"]
@@ -37,7 +37,7 @@ def _crc32(path: str) -> int | None:
 def _build_id_of(path: str) -> str | None:
     try:
         return read_build_id(path)
-    except SymbolizeError:
+    except Unreadable:
         return None
 
 

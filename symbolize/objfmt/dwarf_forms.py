@@ -1,6 +1,6 @@
 """DWARF encodings (DWARF 5, 7): LEB128 numbers, initial lengths, unit headers' shared parts, and attribute
 forms, read from bytes in the file's byte order. dwarf_lines.py reads compile units and their top DIE with these,
-dwarf_program.py line program headers; `DwarfError` and IndexError/struct.error mark malformed input."""
+dwarf_program.py line program headers; `Unreadable` and IndexError/struct.error mark malformed input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 
 __all__ = [
     "ADDRX_FORMS",
@@ -21,7 +21,6 @@ __all__ = [
     "F_STRP",
     "STRX_FORMS",
     "ByteOrder",
-    "DwarfError",
     "Unit",
     "initial_length",
     "read_form",
@@ -69,12 +68,8 @@ STRX_FORMS = (_F_STRX, 0x25, 0x26, 0x27, 0x28, _F_GNU_STR_INDEX)
 ADDRX_FORMS = (F_ADDRX, 0x29, 0x2A, 0x2B, 0x2C, _F_GNU_ADDR_INDEX)
 
 
-class DwarfError(SymbolizeError):
-    """Inconsistent DWARF; handled like the IndexError/struct.error a truncated read produces."""
-
-
 # What malformed DWARF raises here: a reader catches these to switch off one unit (or table).
-DWARF_ERRORS = (DwarfError, IndexError, struct.error, ValueError, OverflowError, SymbolizeError)
+DWARF_ERRORS = (Unreadable, IndexError, struct.error, ValueError, OverflowError)
 
 
 @dataclass
@@ -133,7 +128,7 @@ def initial_length(data: bytes, pos: int, order: ByteOrder) -> tuple[int, int, i
         (n,) = struct.unpack_from("<Q" if order == "little" else ">Q", data, pos + 4)
         return n, 8, pos + 12
     if n >= 0xFFFFFFF0:
-        raise DwarfError("reserved unit length")
+        raise Unreadable("reserved unit length")
     return n, 4, pos + 4
 
 
@@ -164,7 +159,7 @@ def read_form(unit: Unit, data: bytes, pos: int, form: int, implicit: int, order
         w = {_F_BLOCK1: 1, _F_BLOCK2: 2, _F_BLOCK4: 4}[form]
         n, pos = uint(data, pos, w, order), pos + w
     else:
-        raise DwarfError(f"unknown form {form:#x}")
+        raise Unreadable(f"unknown form {form:#x}")
     if pos + n > len(data):
         raise IndexError("block past the end")
     return data[pos : pos + n], pos + n

@@ -9,7 +9,7 @@ are the exception: zlib streams must be inflated whole).
 
 This is a small reader written for exactly that from the DWARF 2-5 specifications: with pyelftools the same
 work was ~10x slower (it parses whole abbreviation tables per CU and copies a state object per row). Every
-malformed input ends in `DwarfError` or an IndexError/struct.error, which switch off the CU (or the table), so
+malformed input ends in `Unreadable` or an IndexError/struct.error, which switch off the CU (or the table), so
 `lookup` never raises.
 """
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.dwarf_forms import (
     F_LINE_STRP,
     F_STRP,
     ByteOrder,
-    DwarfError,
     Unit,
     initial_length,
     read_form,
@@ -61,7 +61,7 @@ def parse_line_header(data: bytes, pos: int, order: ByteOrder, strings: Callable
     version = uint(data, p, 2, order)
     p += 2
     if not 2 <= version <= max_version:
-        raise DwarfError(f"line table version {version}")
+        raise Unreadable(f"line table version {version}")
     if version >= 5:
         p += 2  # address_size, segment_selector_size
     header_length = uint(data, p, offsize, order)
@@ -74,7 +74,7 @@ def parse_line_header(data: bytes, pos: int, order: ByteOrder, strings: Callable
     line_range, opcode_base = data[p + 2], data[p + 3]
     p += 4
     if not line_range or not opcode_base or program > end:
-        raise DwarfError("bad line program header")
+        raise Unreadable("bad line program header")
     std_lengths = data[p : p + opcode_base - 1]
     p += opcode_base - 1
     if version >= 5:
@@ -112,7 +112,7 @@ def _v5_entries(data: bytes, pos: int, offsize: int, order: ByteOrder,
         formats.append((kind, form))
     count, pos = uleb(data, pos)
     if count and (not formats or count > len(data) - pos):
-        raise DwarfError("bad entry count")  # each entry takes at least one byte
+        raise Unreadable("bad entry count")  # each entry takes at least one byte
     unit = Unit(0, 5, 8, offsize, 0, 1, 0, 0)
     out = []
     for _ in range(count):
@@ -166,7 +166,7 @@ def run_line_program(
                 continue
             sub, nxt = data[pos], pos + n
             if nxt > end:
-                raise DwarfError("extended opcode runs past its unit")
+                raise Unreadable("extended opcode runs past its unit")
             if sub == 1:  # DW_LNE_end_sequence
                 rows.append((address, 0, 0))
                 seqs.append((tag, rows))
@@ -199,7 +199,7 @@ def run_line_program(
             for _ in range(std_lengths[op - 1]):
                 _v, pos = uleb(data, pos)
     if pos > end:
-        raise DwarfError("line program runs past its unit")
+        raise Unreadable("line program runs past its unit")
     return seqs
 
 

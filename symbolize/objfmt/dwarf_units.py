@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.dwarf_forms import (
     ADDRX_FORMS,
     DWARF_ERRORS,
@@ -21,7 +21,6 @@ from aiflame.symbolize.objfmt.dwarf_forms import (
     F_STRP,
     STRX_FORMS,
     ByteOrder,
-    DwarfError,
     Unit,
     initial_length,
     read_form,
@@ -73,13 +72,13 @@ class DwarfSection:
         if self.data is not None:
             end = self.data.find(b"\0", off)
             if off < 0 or end < 0:
-                raise DwarfError("string offset out of range")
+                raise Unreadable("string offset out of range")
             return self.data[off:end].decode("utf-8", "replace")
         chunk = b""
         while b"\0" not in chunk:
             more = self.read(off + len(chunk), 256)
             if not more or len(chunk) > 1 << 16:
-                raise DwarfError("unterminated string")
+                raise Unreadable("unterminated string")
             chunk += more
         return chunk[: chunk.index(b"\0")].decode("utf-8", "replace")
 
@@ -113,7 +112,7 @@ class CompileUnits:
                 try:
                     # Abbreviations are parsed by offset into the whole table, so read them at once.
                     s = DwarfSection(self._elf, sec, whole=short == "abbrev")
-                except SymbolizeError as e:
+                except Unreadable as e:
                     if short in ("info", "line", "abbrev"):
                         raise
                     log.debug("%s: %s skipped: %s", self._elf.path, sec.name, e)
@@ -121,10 +120,10 @@ class CompileUnits:
         return self._secs[short]
 
     def need(self, short: str) -> DwarfSection:
-        """`.debug_<short>`, or DwarfError when the file has none."""
+        """`.debug_<short>`, or Unreadable when the file has none."""
         s = self.section(short)
         if s is None:
-            raise DwarfError(f"no .debug_{short}")
+            raise Unreadable(f"no .debug_{short}")
         return s
 
     def _uint(self, data: bytes, pos: int, size: int) -> int:
@@ -216,9 +215,9 @@ class CompileUnits:
             addr_size = head[p + offsize]
             p += offsize + 1
         else:
-            raise DwarfError(f"DWARF version {version}")
+            raise Unreadable(f"DWARF version {version}")
         if addr_size not in (4, 8):
-            raise DwarfError(f"address size {addr_size}")
+            raise Unreadable(f"address size {addr_size}")
         end = off + (12 if offsize == 8 else 4) + length
         return Unit(off, version, addr_size, offsize, abbrev, unit_type, off + p, end)
 
@@ -229,10 +228,10 @@ class CompileUnits:
         pos, found = self._abbrevs.setdefault(table, (table, {}))
         while code not in found:
             if pos >= len(data):
-                raise DwarfError(f"abbreviation {code} not found")
+                raise Unreadable(f"abbreviation {code} not found")
             c, pos = uleb(data, pos)
             if c == 0:
-                raise DwarfError(f"abbreviation {code} not found")
+                raise Unreadable(f"abbreviation {code} not found")
             tag, pos = uleb(data, pos)
             pos += 1  # DW_CHILDREN_yes/no
             specs = []
@@ -264,7 +263,7 @@ class CompileUnits:
     def _parse_die(self, unit: Unit, data: bytes) -> TopDie:
         code, pos = uleb(data, 0)
         if code == 0:
-            raise DwarfError("empty unit")
+            raise Unreadable("empty unit")
         tag, specs = self._abbrev(unit.abbrev_offset, code)
         die = TopDie(tag)
         for at, form, implicit in specs:
@@ -338,7 +337,7 @@ class CompileUnits:
                 base = end  # base address selection entry
             else:
                 out.append((base + start, base + end))
-        raise DwarfError("unterminated range list")
+        raise Unreadable("unterminated range list")
 
     def _rnglist(
         self, unit: Unit, die: TopDie, form: int, value: int, base: int
@@ -381,4 +380,4 @@ class CompileUnits:
                 n, pos = uleb(data, pos + a)
                 out.append((s, s + n))
             else:
-                raise DwarfError(f"range list entry kind {kind}")
+                raise Unreadable(f"range list entry kind {kind}")

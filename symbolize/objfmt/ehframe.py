@@ -7,7 +7,7 @@ one static function, instead of one frame per instruction).
 
 Only the header every GNU and LLVM linker writes is read (version 1, the .eh_frame pointer as pcrel sdata4, the
 count as udata4, the table as datarel sdata4 pairs); any other, or no section, gives no starts. A table that does
-not fit its section raises SymbolizeError. (objfmt/cfi/ decodes every encoding, for unwinding; names need only
+not fit its section raises Unreadable. (objfmt/cfi/ decodes every encoding, for unwinding; names need only
 this.)
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import struct
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.elf_format import SHF_ALLOC, SHF_EXECINSTR
 
@@ -64,7 +64,7 @@ def function_starts(elf: ElfFile) -> FunctionStarts:
     bo = "<" if elf.little_endian else ">"
     (count,) = struct.unpack_from(bo + "I", data, 8)
     if count > _MAX_FDES or 12 + 8 * count > len(data):
-        raise SymbolizeError(f"{elf.path}: .eh_frame_hdr: table of {count} entries does not fit")
+        raise Unreadable(f"{elf.path}: .eh_frame_hdr: table of {count} entries does not fit")
     table = struct.unpack_from(f"{bo}{2 * count}i", data, 12)
     base = sec.addr
     starts = sorted([base + rel for rel in table[0::2]])  # sorted already in a well-formed table: linear

@@ -4,7 +4,7 @@ symbols are elf_symbols.py's, the header and table formats elf_format.py's, DWAR
 `read_build_id` runs for every mapping of every profiled process at capture time and must read only a few hundred
 bytes, so everything is parsed with `struct`, not pyelftools. Files are read with `pread`, never mmap: a binary
 truncated while we hold it would turn an mmap access into SIGBUS for the whole agent. Every malformed-input path
-raises `SymbolizeError`.
+raises `Unreadable`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 import weakref
 
 from aiflame.core import limits
+from aiflame.core.errors import Unreadable
 from aiflame.core.limits import charge
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf_format import (
     ET_DYN,
     PT_LOAD,
@@ -44,7 +44,7 @@ def read_build_id(path: str | os.PathLike[str]) -> str | None:
     """Lowercase hex of the file's NT_GNU_BUILD_ID note, or None when it has none.
 
     Reads only the ELF header, program headers and PT_NOTE segments (section headers as a fallback, e.g. for
-    debug files whose notes are not in a segment). Raises SymbolizeError on unreadable, non-ELF, truncated or
+    debug files whose notes are not in a segment). Raises Unreadable on unreadable, non-ELF, truncated or
     malformed files.
     """
     r, h, phnum, shnum, _shstrndx = open_elf(path)
@@ -61,7 +61,7 @@ def read_build_id(path: str | os.PathLike[str]) -> str | None:
         # Section headers only; names are not needed to find SHT_NOTE.
         st = h.layout.shdr
         if h.shentsize < st.size:
-            raise SymbolizeError(f"{r.label}: malformed section header size")
+            raise Unreadable(f"{r.label}: malformed section header size")
         table = r.read(h.shoff, shnum * h.shentsize, "section headers")
         raw = (st.unpack_from(table, i * h.shentsize) for i in range(shnum))
         # sh_type, sh_offset, sh_size, sh_addralign
@@ -76,7 +76,7 @@ class ElfFile:
     def __init__(
         self, path: str, fd: int, size: int, header: Header, segments: list[Segment], sections: list[Section]
     ) -> None:
-        # Takes ownership of fd; nothing below raises (derived fields swallow their own SymbolizeErrors).
+        # Takes ownership of fd; nothing below raises (derived fields swallow their own Unreadable errors).
         self._fd: int | None = fd
         # finalize, not __del__: it closes exactly once, also at interpreter exit.
         self._closer = weakref.finalize(self, os.close, fd)
@@ -97,7 +97,7 @@ class ElfFile:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ElfFile:
-        """Parse the headers of `path`; SymbolizeError on anything unreadable or malformed."""
+        """Parse the headers of `path`; Unreadable on anything unreadable or malformed."""
         r, h, phnum, shnum, shstrndx = open_elf(path)
         try:
             segments = read_segments(r, h, phnum)
@@ -112,11 +112,11 @@ class ElfFile:
         """A path to exactly this open file for as long as it stays open, even once its own path is gone (a
         `/proc/PID/root/...` path of a process that exited, a file deleted or replaced)."""
         if self._fd is None:
-            raise SymbolizeError(f"{self._label}: closed")
+            raise Unreadable(f"{self._label}: closed")
         return f"/proc/self/fd/{self._fd}"
 
     def close(self) -> None:
-        """Release the file descriptor; later section reads raise SymbolizeError."""
+        """Release the file descriptor; later section reads raise Unreadable."""
         self._fd = None
         self._closer()
 
@@ -199,28 +199,25 @@ class ElfFile:
         if sec.type == SHT_NOBITS or sec.size == 0:
             return b""
         if sec.offset + sec.size > self._size:
-            raise SymbolizeError(f"{self._label}: section {sec.name or '?'} lies outside the file")
+            raise Unreadable(f"{self._label}: section {sec.name or '?'} lies outside the file")
         if self._fd is None:
-            raise SymbolizeError(f"{self._label}: file is closed")
+            raise Unreadable(f"{self._label}: file is closed")
         what = f"{self._label}: section {sec.name or '?'}"
-        try:
-            charge(sec.size, what, limits.current().section_bytes)
-        except limits.LimitExceeded as e:
-            raise SymbolizeError(str(e)) from None
+        charge(sec.size, what, limits.current().section_bytes)  # Refused (an Unreadable) when too large
         try:
             data = os.pread(self._fd, sec.size, sec.offset)
         except OSError as e:
-            raise SymbolizeError(f"{self._label}: read failed: {e.strerror or e}") from None
+            raise Unreadable(f"{self._label}: read failed: {e.strerror or e}") from None
         if len(data) != sec.size:
-            raise SymbolizeError(f"{self._label}: truncated section {sec.name}")
+            raise Unreadable(f"{self._label}: truncated section {sec.name}")
         if sec.flags & SHF_COMPRESSED:
             ch = self._h.layout.chdr
             if len(data) < ch.size:
-                raise SymbolizeError(f"{self._label}: truncated compressed section {sec.name}")
+                raise Unreadable(f"{self._label}: truncated compressed section {sec.name}")
             f = ch.unpack_from(data, 0)
             ch_type, ch_size = f[0], (f[2] if self.is64 else f[1])
             if ch_type != _ELFCOMPRESS_ZLIB:
-                raise SymbolizeError(f"{self._label}: unsupported compression {ch_type} in {sec.name}")
+                raise Unreadable(f"{self._label}: unsupported compression {ch_type} in {sec.name}")
             return inflate_zlib(memoryview(data)[ch.size:], ch_size, limits.current().section_bytes, what)
         if sec.name.startswith(".zdebug") and data[:4] == b"ZLIB" and len(data) >= 12:
             return inflate_zlib(memoryview(data)[12:], int.from_bytes(data[4:12], "big"),
@@ -235,11 +232,11 @@ class ElfFile:
         """Up to `size` bytes at `offset` within an uncompressed section (fewer at its end), without reading
         the rest of it: lets DWARF readers touch a few CUs of a multi-gigabyte .debug_info."""
         if self.is_compressed(sec):
-            raise SymbolizeError(f"{self._label}: section {sec.name} is compressed")
+            raise Unreadable(f"{self._label}: section {sec.name} is compressed")
         if sec.type == SHT_NOBITS or offset < 0 or size <= 0 or offset >= sec.size:
             return b""
         if sec.offset + sec.size > self._size:
-            raise SymbolizeError(f"{self._label}: section {sec.name or '?'} lies outside the file")
+            raise Unreadable(f"{self._label}: section {sec.name or '?'} lies outside the file")
         return self._pread(sec.offset + offset, min(size, sec.size - offset))
 
     def dwarf_section(self, short: str) -> Section | None:
@@ -257,16 +254,16 @@ class ElfFile:
                                 self._pread, note, self._size)
                     or build_id_in(((s.offset, s.filesz, s.align) for s in self.segments if s.type == PT_NOTE),
                                    self._pread, note, self._size))
-        except SymbolizeError:
+        except Unreadable:
             return None
 
     def _pread(self, off: int, n: int) -> bytes:
         if self._fd is None:
-            raise SymbolizeError(f"{self._label}: file is closed")
+            raise Unreadable(f"{self._label}: file is closed")
         try:
             return os.pread(self._fd, n, off)
         except OSError as e:
-            raise SymbolizeError(f"{self._label}: read failed: {e.strerror or e}") from None
+            raise Unreadable(f"{self._label}: read failed: {e.strerror or e}") from None
 
     def _read_debuglink(self) -> tuple[str, int] | None:
         sec = self._by_name.get(".gnu_debuglink")
@@ -274,7 +271,7 @@ class ElfFile:
             return None
         try:
             data = self.read_section(sec)
-        except SymbolizeError:
+        except Unreadable:
             return None
         end = data.find(b"\0")
         crc_at = align_up(end + 1, 4)

@@ -1,6 +1,6 @@
 """The ELF container, parsed with `struct`: file header, program and section header tables (with the gABI's
 extended numbering), bounded reads, and notes with the GNU build id. elf.py builds ElfFile and read_build_id on
-these; cubin.py reads in-memory cubins with them. Every malformed-input path raises `SymbolizeError`.
+these; cubin.py reads in-memory cubins with them. Every malformed-input path raises `Unreadable`.
 
 `parse_header` is the project's one decoder of the ELF file header (e_ident, e_machine, e_flags, the table
 offsets): the ELF reader, cubins, fatbin payloads, code objects copied from a target and imported AMDGPU code
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from aiflame.core import limits
-from aiflame.core.safe_files import FileRefused, open_regular
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
+from aiflame.core.safe_files import open_regular
 
 __all__ = [
     "ELF_MAGIC",
@@ -149,16 +149,16 @@ class Header(NamedTuple):
 
 
 def parse_header(head: bytes, label: str) -> Header:
-    """The file header at the start of `head`; SymbolizeError (one line, prefixed with `label`) when `head` is
+    """The file header at the start of `head`; Unreadable (one line, prefixed with `label`) when `head` is
     not an ELF file, has a class or byte order other than 32/64-bit and little/big-endian, or is shorter than
     its class's header."""
     if len(head) < 16 or head[:4] != ELF_MAGIC:
-        raise SymbolizeError(f"{label}: not an ELF file")
+        raise Unreadable(f"{label}: not an ELF file")
     layout = LAYOUTS.get((head[4], head[5]))
     if layout is None:
-        raise SymbolizeError(f"{label}: unsupported ELF class or byte order ({head[4]}, {head[5]})")
+        raise Unreadable(f"{label}: unsupported ELF class or byte order ({head[4]}, {head[5]})")
     if len(head) < 16 + layout.ehdr.size:
-        raise SymbolizeError(f"{label}: truncated ELF header ({len(head)} of {16 + layout.ehdr.size} bytes)")
+        raise Unreadable(f"{label}: truncated ELF header ({len(head)} of {16 + layout.ehdr.size} bytes)")
     f = layout.ehdr.unpack_from(head, 16)
     # e_type, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags, e_ehsize, e_phentsize, e_phnum, ...
     return Header(layout, f[0], f[1], f[4], f[5], f[8], f[9], f[10], f[11], f[12], f[6], head[7], head[8])
@@ -168,7 +168,7 @@ def sniff_header(head: bytes) -> Header | None:
     """`parse_header`, or None where it would raise: for callers that only ask what a blob is."""
     try:
         return parse_header(head, "")
-    except SymbolizeError:
+    except Unreadable:
         return None
 
 
@@ -183,15 +183,15 @@ class Reader:
 
     def read(self, offset: int, length: int, what: str) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise SymbolizeError(f"{self.label}: truncated or malformed {what}")
+            raise Unreadable(f"{self.label}: truncated or malformed {what}")
         if offset + length <= len(self.head):
             return self.head[offset : offset + length]
         try:
             data = os.pread(self.fd, length, offset)
         except OSError as e:
-            raise SymbolizeError(f"{self.label}: read failed: {e.strerror or e}") from None
+            raise Unreadable(f"{self.label}: read failed: {e.strerror or e}") from None
         if len(data) != length:
-            raise SymbolizeError(f"{self.label}: truncated {what}")
+            raise Unreadable(f"{self.label}: truncated {what}")
         return data
 
 
@@ -202,21 +202,19 @@ def _open_regular(path: str | os.PathLike[str]) -> tuple[int, int, str]:
     try:
         fd, st = open_regular(path)
     except OSError as e:
-        raise SymbolizeError(f"{label}: {e.strerror or e}") from None
-    except FileRefused:
-        raise SymbolizeError(f"{label}: not a regular file") from None
+        raise Unreadable(f"{label}: {e.strerror or e}") from None
     return fd, st.st_size, label
 
 
 def open_elf(path: str | os.PathLike[str]) -> tuple[Reader, Header, int, int, int]:
     """Open `path` and parse its file header: a Reader over it (its `fd` is the caller's to close), the header,
-    and (phnum, shnum, shstrndx). SymbolizeError, with nothing left open, when it is not a readable ELF file."""
+    and (phnum, shnum, shstrndx). Unreadable, with nothing left open, when it is not a readable ELF file."""
     fd, size, label = _open_regular(path)
     try:
         try:
             head = os.pread(fd, _HEAD_READ, 0)
         except OSError as e:
-            raise SymbolizeError(f"{label}: read failed: {e.strerror or e}") from None
+            raise Unreadable(f"{label}: read failed: {e.strerror or e}") from None
         h = parse_header(head, label)
         r = Reader(fd, size, head, label)
         return (r, h, *extended_counts(r, h))
@@ -230,7 +228,7 @@ def extended_counts(r: Reader, h: Header) -> tuple[int, int, int]:
     phnum, shnum, shstrndx = h.phnum, h.shnum, h.shstrndx
     if h.shoff and (phnum == _PN_XNUM or shnum == 0 or shstrndx == _SHN_XINDEX):
         if h.shentsize < h.layout.shdr.size:
-            raise SymbolizeError(f"{r.label}: malformed section header size")
+            raise Unreadable(f"{r.label}: malformed section header size")
         s0 = h.layout.shdr.unpack(r.read(h.shoff, h.layout.shdr.size, "section header 0"))
         size0, link0, info0 = s0[5], s0[6], s0[7]
         if phnum == _PN_XNUM:
@@ -240,7 +238,7 @@ def extended_counts(r: Reader, h: Header) -> tuple[int, int, int]:
         if shstrndx == _SHN_XINDEX:
             shstrndx = link0
     if phnum > _MAX_TABLE_ENTRIES or shnum > _MAX_TABLE_ENTRIES:
-        raise SymbolizeError(f"{r.label}: implausible header counts")
+        raise Unreadable(f"{r.label}: implausible header counts")
     return phnum, shnum, shstrndx
 
 
@@ -249,7 +247,7 @@ def read_segments(r: Reader, h: Header, phnum: int) -> list[Segment]:
         return []
     st = h.layout.phdr
     if h.phentsize < st.size:
-        raise SymbolizeError(f"{r.label}: malformed program header size")
+        raise Unreadable(f"{r.label}: malformed program header size")
     table = r.read(h.phoff, phnum * h.phentsize, "program headers")
     out = []
     for i in range(phnum):
@@ -267,7 +265,7 @@ def read_sections(r: Reader, h: Header, shnum: int, shstrndx: int) -> list[Secti
         return []
     st = h.layout.shdr
     if h.shentsize < st.size:
-        raise SymbolizeError(f"{r.label}: malformed section header size")
+        raise Unreadable(f"{r.label}: malformed section header size")
     table = r.read(h.shoff, shnum * h.shentsize, "section headers")
     raw = [st.unpack_from(table, i * h.shentsize) for i in range(shnum)]
     names = b""

@@ -8,7 +8,7 @@ import bisect
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf_format import (
     PF_X,
     PT_LOAD,
@@ -52,11 +52,11 @@ def function_symbols(elf: ElfFile) -> list[Symbol]:
         if sec.type in (SHT_SYMTAB, SHT_DYNSYM):
             try:
                 raw.extend(_read_function_symbols(elf, sec))
-            except SymbolizeError:
+            except Unreadable:
                 continue
     try:
         raw.extend(_plt_symbols(elf))
-    except SymbolizeError:
+    except Unreadable:
         pass
     return _finish(elf, raw)
 
@@ -77,7 +77,7 @@ def function_addresses(elf: ElfFile, names: set[str]) -> dict[str, int]:
             for value, _size, _rank, name in _read_function_symbols(elf, sec):
                 if name in names:
                     out.setdefault(name, value)
-        except SymbolizeError:
+        except Unreadable:
             continue
     return out
 

@@ -11,24 +11,13 @@ import zlib
 import lz4.block
 import zstandard
 
-from aiflame.core.limits import LimitExceeded, charge
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
+from aiflame.core.limits import charge
 
-__all__ = ["InflateError", "inflate_lz4", "inflate_zlib", "inflate_zstd"]
+__all__ = ["inflate_lz4", "inflate_zlib", "inflate_zstd"]
 
 _CHUNK = 1 << 20
 _LZ4_MAX_RATIO = 255  # an LZ4 block cannot expand more than this
-
-
-class InflateError(SymbolizeError):
-    """A compressed stream is corrupt, larger than allowed, or not the size its header says; one line."""
-
-
-def _charge(size: int, what: str, cap: int) -> None:
-    try:
-        charge(size, what, cap)
-    except LimitExceeded as e:
-        raise InflateError(str(e)) from None
 
 
 def inflate_zlib(data: bytes | memoryview, size: int, cap: int, what: str) -> bytes:
@@ -37,7 +26,7 @@ def inflate_zlib(data: bytes | memoryview, size: int, cap: int, what: str) -> by
     A first pass inflates into a small reused window only to measure the stream, stopping just past `size`; the
     second, knowing the stream fits, inflates into one buffer of exactly `size` (CPython hands that buffer back
     without copying). Twice the CPU of one pass, never more than `size` bytes of output held."""
-    _charge(size, what, cap)
+    charge(size, what, cap)
     d = zlib.decompressobj()
     got = 0
     try:
@@ -50,15 +39,15 @@ def inflate_zlib(data: bytes | memoryview, size: int, cap: int, what: str) -> by
             want = min(_CHUNK, size + 1 - got)
             chunk = d.decompress(d.unconsumed_tail, want)
     except zlib.error:
-        raise InflateError(f"{what}: corrupt zlib stream") from None
+        raise Unreadable(f"{what}: corrupt zlib stream") from None
     if got != size or not d.eof:
-        raise InflateError(f"{what}: inflates to {'more than ' if got > size else ''}{got} bytes, header says {size}")
+        raise Unreadable(f"{what}: inflates to {'more than ' if got > size else ''}{got} bytes, header says {size}")
     try:
         out = zlib.decompress(data, zlib.MAX_WBITS, max(size, 1))
     except zlib.error:
-        raise InflateError(f"{what}: corrupt zlib stream") from None
+        raise Unreadable(f"{what}: corrupt zlib stream") from None
     if len(out) != size:
-        raise InflateError(f"{what}: inflates to {len(out)} bytes, header says {size}")
+        raise Unreadable(f"{what}: inflates to {len(out)} bytes, header says {size}")
     return out
 
 
@@ -69,29 +58,29 @@ def inflate_zstd(src: bytes, size: int, cap: int, what: str) -> bytes:
     try:
         declared = zstandard.frame_content_size(src)
     except zstandard.ZstdError as e:
-        raise InflateError(f"{what}: corrupt zstd frame: {e}") from None
+        raise Unreadable(f"{what}: corrupt zstd frame: {e}") from None
     if declared >= 0 and size and declared != size:
-        raise InflateError(f"{what}: the zstd frame says {declared} bytes, header says {size}")
+        raise Unreadable(f"{what}: the zstd frame says {declared} bytes, header says {size}")
     limit = declared if declared >= 0 else (size or cap)
-    _charge(limit, what, cap)
+    charge(limit, what, cap)
     try:
         out: bytes = zstandard.ZstdDecompressor().decompress(src, max_output_size=max(limit, 1))
     except zstandard.ZstdError as e:
-        raise InflateError(f"{what}: corrupt or larger than {limit} bytes: {e}") from None
+        raise Unreadable(f"{what}: corrupt or larger than {limit} bytes: {e}") from None
     if not out or len(out) > limit or (size and len(out) != size):
-        raise InflateError(f"{what}: zstd payload decompressed to {len(out)} bytes, header says {size or limit}")
+        raise Unreadable(f"{what}: zstd payload decompressed to {len(out)} bytes, header says {size or limit}")
     return out
 
 
 def inflate_lz4(src: bytes, size: int, cap: int, what: str) -> bytes:
     """The LZ4 block `src` decompressed to exactly `size` bytes (<= `cap`, and no more than LZ4 can expand)."""
     if not 0 < size <= len(src) * _LZ4_MAX_RATIO + 64:
-        raise InflateError(f"{what}: implausible uncompressed size {size} for an LZ4 block of {len(src)} bytes")
-    _charge(size, what, cap)
+        raise Unreadable(f"{what}: implausible uncompressed size {size} for an LZ4 block of {len(src)} bytes")
+    charge(size, what, cap)
     try:
         out: bytes = lz4.block.decompress(src, uncompressed_size=size)
     except lz4.block.LZ4BlockError as e:
-        raise InflateError(f"{what}: corrupt LZ4 payload: {e}") from None
+        raise Unreadable(f"{what}: corrupt LZ4 payload: {e}") from None
     if len(out) != size:
-        raise InflateError(f"{what}: LZ4 payload decompressed to {len(out)} bytes, header says {size}")
+        raise Unreadable(f"{what}: LZ4 payload decompressed to {len(out)} bytes, header says {size}")
     return out

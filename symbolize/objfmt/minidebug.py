@@ -5,7 +5,7 @@ xz, whose `.symtab` lists the functions `.dynsym` lacks (static functions, such 
 eval-loop helpers); gdb and perf read it too. The section comes from the profiled file and is untrusted: its
 compressed size and the size it decompresses to are capped, the output is streamed into an anonymous memory file
 (never held whole in Python), the nested file must be an ELF file of the same machine, and anything malformed
-raises SymbolizeError naming the binary. The nested file's own sections are never decompressed again.
+raises Unreadable naming the binary. The nested file's own sections are never decompressed again.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import lzma
 import os
 import tempfile
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.elf_symbols import Symbol
 
@@ -47,7 +47,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def inflate_xz(data: bytes, fd: int, limit: int, label: str) -> int:
     """Decompress the xz stream `data` into `fd`, at most `limit` bytes; returns the size written.
 
-    Raises SymbolizeError on corrupt or truncated data and on output beyond `limit`."""
+    Raises Unreadable on corrupt or truncated data and on output beyond `limit`."""
     d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=_MEMLIMIT)
     total = idle = 0
     pending = data
@@ -55,23 +55,23 @@ def inflate_xz(data: bytes, fd: int, limit: int, label: str) -> int:
         try:
             out = d.decompress(pending, max_length=_CHUNK)
         except lzma.LZMAError as e:
-            raise SymbolizeError(f"{label}: corrupt xz data ({e})") from None
+            raise Unreadable(f"{label}: corrupt xz data ({e})") from None
         except MemoryError:
-            raise SymbolizeError(f"{label}: xz data needs more memory than available") from None
+            raise Unreadable(f"{label}: xz data needs more memory than available") from None
         pending = b""
         total += len(out)
         if total > limit:
-            raise SymbolizeError(f"{label}: decompresses to more than {limit} bytes")
+            raise Unreadable(f"{label}: decompresses to more than {limit} bytes")
         if out:
             idle = 0
             try:
                 _write_all(fd, out)
             except OSError as e:
-                raise SymbolizeError(f"{label}: cannot store decompressed data: {e.strerror or e}") from None
+                raise Unreadable(f"{label}: cannot store decompressed data: {e.strerror or e}") from None
         elif not d.eof:
             idle += 1
             if d.needs_input or idle > _MAX_IDLE:
-                raise SymbolizeError(f"{label}: truncated xz data")
+                raise Unreadable(f"{label}: truncated xz data")
     return total
 
 
@@ -80,13 +80,13 @@ def minidebug_functions(
 ) -> list[Symbol]:
     """The function symbols of `elf`'s MiniDebugInfo ([] when it has none), at the binary's link-time addresses.
 
-    Raises SymbolizeError when the section is there but unusable."""
+    Raises Unreadable when the section is there but unusable."""
     sec = elf.section(SECTION)
     if sec is None or sec.size == 0:
         return []
     label = f"{elf.path}: {SECTION}"
     if sec.size > max_compressed:
-        raise SymbolizeError(f"{label}: {sec.size} bytes, more than the {max_compressed} read")
+        raise Unreadable(f"{label}: {sec.size} bytes, more than the {max_compressed} read")
     data = elf.read_section(sec)
     if not data:
         return []  # NOBITS: nothing stored
@@ -95,12 +95,12 @@ def minidebug_functions(
         inflate_xz(data, fd, max_decompressed, label)
         try:
             inner = ElfFile.open(f"/proc/self/fd/{fd}")
-        except SymbolizeError as e:
+        except Unreadable as e:
             # The nested file's errors name /proc/self/fd/N: say which binary it came from instead.
-            raise SymbolizeError(f"{label}: {str(e).split(': ', 1)[-1]}") from None
+            raise Unreadable(f"{label}: {str(e).split(': ', 1)[-1]}") from None
     finally:
         os.close(fd)
     with inner:
         if (inner.machine, inner.is64, inner.little_endian) != (elf.machine, elf.is64, elf.little_endian):
-            raise SymbolizeError(f"{label}: nested ELF file is for another machine")
+            raise Unreadable(f"{label}: nested ELF file is for another machine")
         return inner.functions()

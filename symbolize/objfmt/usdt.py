@@ -14,10 +14,10 @@ import re
 import struct
 from dataclasses import dataclass
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf import ElfFile
 
-__all__ = ["REGISTERS", "UsdtArg", "UsdtError", "UsdtNote", "parse_args", "parse_notes", "read_notes"]
+__all__ = ["REGISTERS", "UsdtArg", "UsdtNote", "parse_args", "parse_notes", "read_notes"]
 
 NOTE_OWNER = b"stapsdt"
 NT_STAPSDT = 3
@@ -34,10 +34,6 @@ for _i, _r in enumerate(REGISTERS[4:8], 4):  # rsi: esi si sil
     _ALIASES.update({_r: _i, f"e{_b}": _i, _b: _i, f"{_b}l": _i})
 for _i, _r in enumerate(REGISTERS[8:], 8):  # r8: r8d r8w r8b
     _ALIASES.update({_r: _i, f"{_r}d": _i, f"{_r}w": _i, f"{_r}b": _i})
-
-
-class UsdtError(SymbolizeError):
-    """An SDT note or argument cannot be parsed; one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,25 +76,25 @@ _IMM = re.compile(r"^\$(-?(?:0x[0-9a-fA-F]+|\d+))$")
 def _parse_arg(text: str) -> UsdtArg:
     m = _ARG.match(text)
     if m is None:
-        raise UsdtError(f"USDT argument {text!r}: empty")
+        raise Unreadable(f"USDT argument {text!r}: empty")
     size_text, op = m.groups()
     size = int(size_text) if size_text is not None else 8
     if abs(size) not in (1, 2, 4, 8):
-        raise UsdtError(f"USDT argument {text!r}: size {size} is not 1, 2, 4 or 8")
+        raise Unreadable(f"USDT argument {text!r}: size {size} is not 1, 2, 4 or 8")
     signed, size = size < 0, abs(size)
     if op.startswith("%"):
         reg = _ALIASES.get(op[1:])
         if reg is None:
-            raise UsdtError(f"USDT argument {text!r}: unknown register {op}")
+            raise Unreadable(f"USDT argument {text!r}: unknown register {op}")
         return UsdtArg(size, signed, "reg", reg)
     if (imm := _IMM.match(op)) is not None:
         return UsdtArg(size, signed, "const", value=int(imm.group(1), 0))
     if (mem := _MEM.match(op)) is not None:
         reg = _ALIASES.get(mem.group(2))
         if reg is None:
-            raise UsdtError(f"USDT argument {text!r}: unsupported base register %{mem.group(2)}")
+            raise Unreadable(f"USDT argument {text!r}: unsupported base register %{mem.group(2)}")
         return UsdtArg(size, signed, "mem", reg, int(mem.group(1) or "0", 0))
-    raise UsdtError(f"USDT argument {text!r}: unsupported operand (symbols, %rip and index forms are not read)")
+    raise Unreadable(f"USDT argument {text!r}: unsupported operand (symbols, %rip and index forms are not read)")
 
 
 def parse_args(text: str) -> tuple[UsdtArg, ...]:
@@ -109,7 +105,7 @@ def parse_args(text: str) -> tuple[UsdtArg, ...]:
 def _cstr(data: bytes, pos: int, what: str) -> tuple[str, int]:
     end = data.find(b"\0", pos)
     if end < 0:
-        raise UsdtError(f"SDT note: {what} is not NUL-terminated")
+        raise Unreadable(f"SDT note: {what} is not NUL-terminated")
     return data[pos:end].decode("utf-8", "replace"), end + 1
 
 
@@ -117,7 +113,7 @@ def parse_notes(data: bytes, *, is64: bool = True, little: bool = True,
                 base_addr: int | None = None) -> list[UsdtNote]:
     """Every stapsdt note in the contents of a `.note.stapsdt` section. `base_addr` is the actual address of
     `.stapsdt.base` (None: the section is absent, no adjustment). Notes of other owners are skipped; a malformed
-    stapsdt note (or a truncated section) raises UsdtError. Offsets are left -1 (see read_notes)."""
+    stapsdt note (or a truncated section) raises Unreadable. Offsets are left -1 (see read_notes)."""
     bo = "<" if little else ">"
     head = struct.Struct(bo + "III")
     word = 8 if is64 else 4
@@ -130,14 +126,14 @@ def parse_notes(data: bytes, *, is64: bool = True, little: bool = True,
         desc_at = name_at + ((namesz + 3) & ~3)
         end = desc_at + ((descsz + 3) & ~3)
         if desc_at + descsz > len(data):
-            raise UsdtError(f"SDT note at {pos:#x}: runs past the section end")
+            raise Unreadable(f"SDT note at {pos:#x}: runs past the section end")
         owner = data[name_at:name_at + namesz].rstrip(b"\0")
         pos = end
         if owner != NOTE_OWNER or ntype != NT_STAPSDT:
             continue
         desc = data[desc_at:desc_at + descsz]
         if len(desc) < 3 * word:
-            raise UsdtError(f"SDT note at {desc_at:#x}: descriptor of {descsz} bytes is too short")
+            raise Unreadable(f"SDT note at {desc_at:#x}: descriptor of {descsz} bytes is too short")
         pc, base, sem = addrs.unpack_from(desc)
         provider, p = _cstr(desc, 3 * word, "provider")
         name, p = _cstr(desc, p, "name")
@@ -150,7 +146,7 @@ def parse_notes(data: bytes, *, is64: bool = True, little: bool = True,
         mask = (1 << (8 * word)) - 1
         out.append(UsdtNote(provider, name, pc & mask, sem & mask, args_text, parse_args(args_text)))
     if pos < len(data) and any(data[pos:]):
-        raise UsdtError(f"SDT notes: {len(data) - pos} stray bytes at the section end")
+        raise Unreadable(f"SDT notes: {len(data) - pos} stray bytes at the section end")
     return out
 
 

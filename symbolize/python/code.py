@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import struct
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import TargetGone, Unreadable
 from aiflame.core.python_layouts import PyLayout
 from aiflame.core.raw import CodeInfo
-from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError, Reader, read_cstring
+from aiflame.symbolize.process_memory import ProcessMemory, Reader, read_cstring
 
 __all__ = [
     "CodeResolver",
-    "PythonObjectError",
     "decode_unicode",
     "line_for",
     "read_type_name",
@@ -44,19 +43,15 @@ _MAX_TYPE_NAME = 256
 _CACHE_LIMIT = 1 << 16
 
 
-class PythonObjectError(BadInput):
-    """Bytes read from a process do not make a valid Python object of the expected kind; one line."""
-
-
 def _u64(b: bytes, off: int) -> int:
     return int.from_bytes(b[off : off + 8], "little")
 
 
 def _cstring(read: Reader, addr: int, limit: int = _MAX_TYPE_NAME) -> bytes:
-    """A NUL-terminated string of at most `limit` bytes; PythonObjectError when it runs on past them."""
+    """A NUL-terminated string of at most `limit` bytes; Unreadable when it runs on past them."""
     out = read_cstring(read, addr, limit)
     if len(out) >= limit:
-        raise PythonObjectError(f"string at {addr:#x} is not terminated within {limit} bytes")
+        raise Unreadable(f"string at {addr:#x} is not terminated within {limit} bytes")
     return out
 
 
@@ -64,10 +59,10 @@ def read_type_name(read: Reader, obj_addr: int, layout: PyLayout) -> str:
     """`Py_TYPE(obj)->tp_name` of the object at `obj_addr`."""
     type_addr = _u64(read(obj_addr + layout.object_type, 8), 0)
     if not type_addr:
-        raise PythonObjectError(f"object at {obj_addr:#x} has no type")
+        raise Unreadable(f"object at {obj_addr:#x} has no type")
     name_addr = _u64(read(type_addr + layout.type_name, 8), 0)
     if not name_addr:
-        raise PythonObjectError(f"type at {type_addr:#x} has no name")
+        raise Unreadable(f"type at {type_addr:#x} has no name")
     return _cstring(read, name_addr).decode("utf-8", "replace")
 
 
@@ -75,36 +70,36 @@ def decode_unicode(read: Reader, addr: int, layout: PyLayout, max_chars: int = _
     """The value of the `str` object at `addr`, read through `read(addr, size) -> bytes`.
 
     Handles compact ASCII, compact (kinds 1/2/4) and legacy (non-compact, ready) strings. Raises
-    PythonObjectError when the header is implausible (unknown kind, negative or huge length); errors of
+    Unreadable when the header is implausible (unknown kind, negative or huge length); errors of
     `read` propagate. Invalid code points decode with replacement characters rather than failing.
     """
     head = read(addr, layout.unicode_compact_size)
     if len(head) < layout.unicode_compact_size:
-        raise PythonObjectError(f"str at {addr:#x}: short header")
+        raise Unreadable(f"str at {addr:#x}: short header")
     length = struct.unpack_from("<q", head, layout.unicode_length)[0]
     state = struct.unpack_from("<I", head, layout.unicode_state)[0]
     kind = (state >> layout.unicode_kind_shift) & 7
     compact = (state >> layout.unicode_compact_shift) & 1
     ascii_ = (state >> layout.unicode_ascii_shift) & 1
     if kind not in (1, 2, 4):
-        raise PythonObjectError(f"str at {addr:#x}: unknown kind {kind}")
+        raise Unreadable(f"str at {addr:#x}: unknown kind {kind}")
     if ascii_ and kind != 1:
-        raise PythonObjectError(f"str at {addr:#x}: ascii string of kind {kind}")
+        raise Unreadable(f"str at {addr:#x}: ascii string of kind {kind}")
     if not 0 <= length <= max_chars:
-        raise PythonObjectError(f"str at {addr:#x}: implausible length {length}")
+        raise Unreadable(f"str at {addr:#x}: implausible length {length}")
     if compact:
         data_addr = addr + (layout.unicode_ascii_size if ascii_ else layout.unicode_compact_size)
     else:
         if layout.unicode_data_any < 0:
-            raise PythonObjectError(f"str at {addr:#x}: not compact")
+            raise Unreadable(f"str at {addr:#x}: not compact")
         data_addr = _u64(read(addr + layout.unicode_data_any, 8), 0)
         if not data_addr:
-            raise PythonObjectError(f"str at {addr:#x}: no data")
+            raise Unreadable(f"str at {addr:#x}: no data")
     if length == 0:
         return ""
     data = read(data_addr, length * kind)
     if len(data) != length * kind:
-        raise PythonObjectError(f"str at {addr:#x}: short data")
+        raise Unreadable(f"str at {addr:#x}: short data")
     if kind == 1:
         return data.decode("ascii" if ascii_ else "latin-1", "replace")
     codec = "utf-16-le" if kind == 2 else "utf-32-le"
@@ -118,7 +113,7 @@ def read_bytes_object(read: Reader, addr: int, layout: PyLayout, limit: int = _M
     """The contents of the `bytes` object at `addr`."""
     size = struct.unpack("<q", read(addr + layout.var_size, 8))[0]
     if not 0 <= size <= limit:
-        raise PythonObjectError(f"bytes at {addr:#x}: implausible size {size}")
+        raise Unreadable(f"bytes at {addr:#x}: implausible size {size}")
     return read(addr + layout.bytes_sval, size) if size else b""
 
 
@@ -271,7 +266,7 @@ class CodeResolver:
         """The code object at `code_addr`, or None (unreadable, not a code object, process gone)."""
         try:
             return self._resolve(code_addr)
-        except (ProcessMemoryError, PythonObjectError):
+        except (TargetGone, Unreadable):
             return None
 
     def _resolve(self, addr: int) -> CodeInfo | None:
@@ -312,7 +307,7 @@ class CodeResolver:
             try:
                 name_ptr = mem.u64(type_ptr + self.layout.type_name)
                 known = _cstring(mem.read, name_ptr) == b"code"
-            except (ProcessMemoryError, PythonObjectError):
+            except (TargetGone, Unreadable):
                 return False  # not cached: the pointer may be garbage read mid-update
             self._code_types[type_ptr] = known
         return known

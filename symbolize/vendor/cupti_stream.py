@@ -12,7 +12,7 @@ PC records are summed as they are read into `totals`, per context, cubin, instru
 of instructions); `keep_pcs` also keeps every record in its batch, for tests of the format. A stream cut short
 (the process was killed) reads up to its last whole record and says so (`complete` is False). A record whose
 payload does not match its type is skipped and named in `problems`; a foreign file or an unknown version raises
-CuptiStreamError.
+Unreadable.
 
 `stalls_from_stream` turns a parsed stream into the capture's records (RawStallSample, GpuCode), for the live
 collector (agent/accel/cupti.py) and `aiflame import` alike.
@@ -26,12 +26,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import Unreadable
 from aiflame.core.raw import GpuCode, RawStallSample
 from aiflame.symbolize.accel.cubin import cubin_arch
 
-__all__ = ["MAGIC", "NOT_ISSUED_SUFFIX", "VERSION", "CubinRecord", "CuptiStream", "CuptiStreamError", "PcBatch",
-           "PcRecord", "PcTotal", "RecordType", "StreamError", "parse_stream", "reason_counts", "stalls_from_stream"]
+__all__ = ["MAGIC", "NOT_ISSUED_SUFFIX", "VERSION", "CubinRecord", "CuptiStream", "PcBatch", "PcRecord", "PcTotal",
+           "RecordType", "StreamError", "parse_stream", "reason_counts", "stalls_from_stream"]
 
 MAGIC = b"AIFLCUPT"
 # CUPTI names the subset of a reason's samples in which no instruction issued `<reason>` + this suffix.
@@ -50,10 +50,6 @@ class RecordType:
     PCS = 6
     COUNTERS = 7
     END = 8
-
-
-class CuptiStreamError(BadInput):
-    """The file is not a readable CUPTI stream; the message is one user-facing line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +124,6 @@ class CuptiStream:
     problems: list[str] = field(default_factory=list)  # records skipped, with why
 
 
-class _Short(BadInput):
-    pass
-
-
 class _Reader:
     def __init__(self, data: bytes | memoryview) -> None:
         self.d = memoryview(data)
@@ -139,7 +131,7 @@ class _Reader:
 
     def take(self, n: int) -> memoryview:
         if n < 0 or self.i + n > len(self.d):
-            raise _Short
+            raise Unreadable("record cut short")
         v = self.d[self.i:self.i + n]
         self.i += n
         return v
@@ -173,13 +165,13 @@ _MAX_COUNT = 1 << 24  # counts beyond this cannot fit a record's u32 size anyway
 def _count(r: _Reader, per_item: int) -> int:
     n = r.u32()
     if n > _MAX_COUNT or n * per_item > len(r.d) - r.i:
-        raise _Short
+        raise Unreadable("count past the record end")
     return n
 
 
 def _end(r: _Reader) -> None:
     if not r.done():
-        raise _Short
+        raise Unreadable("bytes after the record fields")
 
 
 def _pcs_record(s: CuptiStream, r: _Reader, totals: dict[tuple[int, int, int, bytes, int], PcTotal],
@@ -188,18 +180,18 @@ def _pcs_record(s: CuptiStream, r: _Reader, totals: dict[tuple[int, int, int, by
     ctx, n, t, rng, total, dropped, non_user, full, from_cfg, _pad, remaining = r.unpack(_PCS)
     d, i, end = r.d, r.i, len(r.d)
     if n > _MAX_COUNT or n * (_PC.size + 2) > end - i:
-        raise _Short
+        raise Unreadable("PC count past the record end")
     parsed: list[tuple[int, int, int, int, bytes, memoryview]] = []
     for _ in range(n):
         if i + _PC.size + 2 > end:
-            raise _Short
+            raise Unreadable("PC record cut short")
         crc, off, fidx, corr, k = _PC.unpack_from(d, i)
         i += _PC.size
         ln = d[i] | d[i + 1] << 8
         i += 2
         stop = i + ln + k * _PAIR.size
         if k > _MAX_COUNT or stop > end:
-            raise _Short
+            raise Unreadable("PC record cut short")
         parsed.append((crc, off, fidx, corr, bytes(d[i:i + ln]), d[i + ln:stop]))
         i = stop
     r.i = i
@@ -222,7 +214,7 @@ def _pcs_record(s: CuptiStream, r: _Reader, totals: dict[tuple[int, int, int, by
 
 def _record(s: CuptiStream, rtype: int, r: _Reader, totals: dict[tuple[int, int, int, bytes, int], PcTotal],
             keep_pcs: bool) -> None:
-    """Apply one record to `s`; nothing is changed when the payload is malformed (raises _Short)."""
+    """Apply one record to `s`; nothing is changed when the payload is malformed (raises Unreadable)."""
     if rtype == RecordType.INFO:
         key, value = r.str(), r.str()
         _end(r)
@@ -267,17 +259,17 @@ def _record(s: CuptiStream, rtype: int, r: _Reader, totals: dict[tuple[int, int,
 
 
 def parse_stream(data: bytes, name: str = "stream", *, keep_pcs: bool = True) -> CuptiStream:
-    """Parse one process's stream. Raises CuptiStreamError for a foreign, empty or newer-version file.
+    """Parse one process's stream. Raises Unreadable for a foreign, empty or newer-version file.
     `keep_pcs=False` keeps only the sums (`totals`) of the PC records, not each batch's records."""
     if len(data) < _HEADER.size:
-        raise CuptiStreamError(f"{name}: too short for a CUPTI stream ({len(data)} bytes)")
+        raise Unreadable(f"{name}: too short for a CUPTI stream ({len(data)} bytes)")
     magic, version, header_size, pid, start = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
-        raise CuptiStreamError(f"{name}: not an aiflame CUPTI stream (bad magic)")
+        raise Unreadable(f"{name}: not an aiflame CUPTI stream (bad magic)")
     if version != VERSION:
-        raise CuptiStreamError(f"{name}: CUPTI stream version {version}, this aiflame reads {VERSION}")
+        raise Unreadable(f"{name}: CUPTI stream version {version}, this aiflame reads {VERSION}")
     if header_size < _HEADER.size or header_size > len(data):
-        raise CuptiStreamError(f"{name}: bad header size {header_size}")
+        raise Unreadable(f"{name}: bad header size {header_size}")
     s = CuptiStream(pid, start)
     totals: dict[tuple[int, int, int, bytes, int], PcTotal] = {}
     view = memoryview(data)
@@ -294,7 +286,7 @@ def parse_stream(data: bytes, name: str = "stream", *, keep_pcs: bool = True) ->
             break
         try:
             _record(s, rtype, _Reader(view[body:body + size]), totals, keep_pcs)
-        except _Short:
+        except Unreadable:
             s.problems.append(f"{name}: malformed record of type {rtype} at offset {i} skipped")
         except KeyError:
             s.problems.append(f"{name}: unknown record type {rtype} at offset {i} skipped")

@@ -15,7 +15,7 @@ own u64 `size`, which tells the kinds apart. Offsets, from `rocprofiler-sdk/pc_s
 The stall reason of a stochastic sample is its `reason_not_issued` (or `issued <type>` when the wave issued);
 host-trap samples have none (`host_trap`). Code objects are ELF files whose kernels are STT_FUNC symbols; a
 sample's `code_object_offset` is taken as the ELF address (code objects are linked at 0). A record with an
-unknown size makes the rest of the file unreadable and raises RocprofError naming its byte offset.
+unknown size makes the rest of the file unreadable and raises Unreadable naming its byte offset.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.raw import GpuCode, RawStallSample
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.objfmt.elf_format import parse_header
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "NOT_ISSUED_REASONS",
     "STOCHASTIC_SIZE",
     "CodeObject",
-    "RocprofError",
     "RocprofParse",
     "amdgpu_refusal",
     "code_object_from_elf",
@@ -59,10 +58,6 @@ NOT_ISSUED_REASONS = ("NONE", "NO_INSTRUCTION_AVAILABLE", "ALU_DEPENDENCY", "WAI
 # rocprofiler_pc_sampling_instruction_type_t, by value
 INSTRUCTION_TYPES = ("NONE", "VALU", "MATRIX", "SCALAR", "TEX", "LDS", "LDS_DIRECT", "FLAT", "EXPORT", "MESSAGE",
                      "BARRIER", "BRANCH_NOT_TAKEN", "BRANCH_TAKEN", "JUMP", "OTHER", "NO_INST", "DUAL_VALU")
-
-
-class RocprofError(SymbolizeError):
-    """A rocprofiler PC-sampling file cannot be read; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ def amdgpu_refusal(data: bytes, label: str) -> str | None:
     """Why `data` is not an AMDGPU code object, in one line that starts with `label` (None when it is one)."""
     try:
         machine = parse_header(data, label).e_machine
-    except SymbolizeError as e:
+    except Unreadable as e:
         return str(e)
     if machine != EM_AMDGPU:
         return f"{label}: an ELF file for machine {machine}, not an AMDGPU code object (e_machine {EM_AMDGPU})"
@@ -112,7 +107,7 @@ def code_object_from_elf(code_object_id: int, data: bytes) -> CodeObject:
                     if sym["st_info"]["type"] == "STT_FUNC" and sym["st_size"] > 0:
                         kernels.append((int(sym["st_value"]), int(sym["st_size"]), sym.name))
     except (ELFError, ValueError, struct.error) as e:
-        raise RocprofError(f"code object {code_object_id}: not a readable ELF ({e})") from None
+        raise Unreadable(f"code object {code_object_id}: not a readable ELF ({e})") from None
     return CodeObject(code_object_id, hashlib.sha256(data).hexdigest(), tuple(sorted(set(kernels))))
 
 
@@ -148,14 +143,14 @@ def parse_records(
     data: bytes, *, code_objects: dict[int, CodeObject] | None = None, pid: int = 0, device: int = -1,
     label: str = "rocprofiler records",
 ) -> RocprofParse:
-    """Parse back-to-back host-trap / stochastic records; RocprofError on a size that is neither."""
+    """Parse back-to-back host-trap / stochastic records; Unreadable on a size that is neither."""
     cos = code_objects or {}
     out = RocprofParse([])
     counts: Counter[tuple[str, str, int, str, int]] = Counter()
     pos, n = 0, len(data)
     while pos < n:
         if n - pos < 8:
-            raise RocprofError(f"{label}: truncated record at byte {pos} ({n - pos} bytes left)")
+            raise Unreadable(f"{label}: truncated record at byte {pos} ({n - pos} bytes left)")
         (size,) = struct.unpack_from("<Q", data, pos)
         if size == HOST_TRAP_SIZE and n - pos >= size:
             f = _HOST.unpack_from(data, pos)
@@ -169,10 +164,10 @@ def parse_records(
             reason = _reason(f[16], bits & 1, (bits >> 1) & 0x1F, out)
             out.stochastic += 1
         elif size in (HOST_TRAP_SIZE, STOCHASTIC_SIZE):
-            raise RocprofError(f"{label}: truncated record at byte {pos} ({n - pos} of {size} bytes)")
+            raise Unreadable(f"{label}: truncated record at byte {pos} ({n - pos} of {size} bytes)")
         else:
-            raise RocprofError(f"{label}: record at byte {pos} has size {size}, not a host-trap ({HOST_TRAP_SIZE})"
-                               f" or stochastic ({STOCHASTIC_SIZE}) PC-sampling record")
+            raise Unreadable(f"{label}: record at byte {pos} has size {size}, not a host-trap ({HOST_TRAP_SIZE})"
+                             f" or stochastic ({STOCHASTIC_SIZE}) PC-sampling record")
         pos += size
         co = cos.get(co_id)
         hit = co.find(co_off) if co else None
@@ -190,11 +185,11 @@ def parse_records(
 def parse_file(
     path: str | Path, *, code_objects: dict[int, CodeObject] | None = None, pid: int = 0, device: int = -1
 ) -> RocprofParse:
-    """Read and parse a file of records; RocprofError when unreadable, empty or malformed."""
+    """Read and parse a file of records; Unreadable when unreadable, empty or malformed."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
-        raise RocprofError(f"{path}: {e.strerror}") from None
+        raise Unreadable(f"{path}: {e.strerror}") from None
     if not data:
-        raise RocprofError(f"{path}: empty file (no PC-sampling records)")
+        raise Unreadable(f"{path}: empty file (no PC-sampling records)")
     return parse_records(data, code_objects=code_objects, pid=pid, device=device, label=str(path))

@@ -15,20 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import BadInput, Unreadable
 from aiflame.core.raw import Capture, CaptureFooter, GpuCode, RawStallSample
 from aiflame.symbolize.vendor.xe_eu_stall import LAYOUTS, parse_records
 
 if TYPE_CHECKING:
     from aiflame.symbolize.vendor.rocprof_pc import CodeObject
 
-__all__ = ["FORMATS", "LAYOUTS", "ImportRecordsError", "ImportResult", "import_records"]
+__all__ = ["FORMATS", "LAYOUTS", "ImportResult", "import_records"]
 
 FORMATS = ("xe", "rocprof", "cupti", "capture")
-
-
-class ImportRecordsError(BadInput):
-    """Records cannot be imported as asked; the message is one line."""
 
 
 @dataclass
@@ -55,18 +51,18 @@ def import_records(
     code_objects: list[tuple[int, Path]] | None = None,
 ) -> ImportResult:
     """Parse `records` and write `capture` plus their samples to `output` (atomically; `output` may be `capture`
-    itself, replaced only when the caller says so). Raises ImportRecordsError, CaptureError or a SymbolizeError,
-    each one line, before anything is written."""
+    itself, replaced only when the caller says so). Raises BadInput (Unreadable for records or a capture that
+    cannot be read), one line, before anything is written."""
     # here, not at the top: `aiflame` imports this module for FORMATS and LAYOUTS when it builds its parser
     from aiflame.core.capture import read_capture, write_capture
 
     if fmt not in FORMATS:
-        raise ImportRecordsError(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
+        raise BadInput(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
     cap = read_capture(capture)
     got = _Imported()
     if fmt == "xe":
         if platform is None:
-            raise ImportRecordsError("--platform is required for Xe records (pvc, xe2 or xe3p)")
+            raise BadInput("--platform is required for Xe records (pvc, xe2 or xe3p)")
         _import_xe(got, records, platform, record_size, device, pid)
     elif fmt == "rocprof":
         _import_rocprof(got, records, code_objects or [], device, pid)
@@ -110,7 +106,7 @@ def _import_xe(got: _Imported, records: list[Path], platform: str, record_size: 
         parsed = parse_records(data, platform, record_size=record_size, device=device)
         refusal = parsed.refusal(str(path), platform, record_size)
         if refusal:
-            raise ImportRecordsError(refusal)
+            raise Unreadable(refusal)
         if not parsed.samples:
             got.notes.append(f"{path}: {parsed.records} EU stall records, none with a stall counted")
         got.stalls.extend(s if not pid else _with_pid(s, pid) for s in parsed.samples)
@@ -127,7 +123,7 @@ def _import_rocprof(got: _Imported, records: list[Path], code_objects: list[tupl
         data = _read(path, "an AMDGPU code object")
         refusal = amdgpu_refusal(data, str(path))
         if refusal:
-            raise ImportRecordsError(refusal)
+            raise Unreadable(refusal)
         cos[ident] = code_object_from_elf(ident, data)
         got.code.append(cos[ident].gpu_code(data, str(path)))
     for path in records:
@@ -188,15 +184,15 @@ def _read(path: Path, what: str) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise ImportRecordsError(f"{path}: {e.strerror}") from None
+        raise Unreadable(f"{path}: {e.strerror}") from None
     if not data:
-        raise ImportRecordsError(f"{path}: empty file, not {what}")
+        raise Unreadable(f"{path}: empty file, not {what}")
     expected = _EXPECTED_MAGIC.get(what)
     for magic, kind in _MAGICS:
         if data.startswith(magic) and magic != expected:
-            raise ImportRecordsError(f"{path}: {kind}, not {what}")
+            raise Unreadable(f"{path}: {kind}, not {what}")
     if not (expected and data.startswith(expected)) and _is_text(data):
-        raise ImportRecordsError(f"{path}: a text file, not {what}")
+        raise Unreadable(f"{path}: a text file, not {what}")
     return data
 
 

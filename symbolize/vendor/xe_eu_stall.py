@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from aiflame.core.errors import BadInput
 from aiflame.core.raw import RawEvent, RawStallSample
-from aiflame.symbolize.errors import SymbolizeError
 
 __all__ = [
     "LAYOUTS",
@@ -30,7 +30,6 @@ __all__ = [
     "XeKernel",
     "XeLayout",
     "XeParse",
-    "XeStallError",
     "layout_for",
     "map_ips",
     "parse_records",
@@ -38,10 +37,6 @@ __all__ = [
 ]
 
 RECORD_SIZE = 64  # bytes per record on PVC and Xe2, when the driver does not say
-
-
-class XeStallError(SymbolizeError):
-    """EU stall data cannot be parsed as asked (unknown platform, bad record size); one line."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +71,7 @@ LAYOUTS: dict[str, XeLayout] = {
 
 def layout_for(graphics_version: tuple[int, int]) -> XeLayout:
     """The record layout of a device by graphics IP version: 12.60 PVC, 20.x-30.x Xe2 layout, 35+ Xe3p.
-    XeStallError for devices without EU stall sampling."""
+    BadInput for devices without EU stall sampling."""
     major, minor = graphics_version
     if (major, minor) == (12, 60):
         return LAYOUTS["pvc"]
@@ -84,7 +79,7 @@ def layout_for(graphics_version: tuple[int, int]) -> XeLayout:
         return LAYOUTS["xe2"]
     if major >= 35:
         return LAYOUTS["xe3p"]
-    raise XeStallError(f"graphics version {major}.{minor} has no EU stall sampling (PVC or Xe2 and later only)")
+    raise BadInput(f"graphics version {major}.{minor} has no EU stall sampling (PVC or Xe2 and later only)")
 
 
 @dataclass
@@ -128,10 +123,10 @@ def parse_records(
     """Parse a read() buffer of EU stall records. Samples carry the raw IP as `offset` and no kernel yet."""
     lay = layout if isinstance(layout, XeLayout) else LAYOUTS.get(layout)
     if lay is None:
-        raise XeStallError(f"unknown Xe platform {layout!r} (known: {', '.join(LAYOUTS)})")
+        raise BadInput(f"unknown Xe platform {layout!r} (known: {', '.join(LAYOUTS)})")
     width = (lay.used_bits + 7) // 8
     if record_size < width or record_size > 4096:
-        raise XeStallError(f"record size {record_size} cannot hold a {lay.name} record ({width} bytes needed)")
+        raise BadInput(f"record size {record_size} cannot hold a {lay.name} record ({width} bytes needed)")
     buf = memoryview(data).cast("B")
     n = len(buf) // record_size
     out = XeParse([], partial_bytes=len(buf) - n * record_size)

@@ -12,6 +12,7 @@ import pytest
 
 from aiflame.agent.kernel.records import PyProcRec, TargetFlag
 from aiflame.agent.kernel.sampler import CpuSampler, ProcEvent, SamplerConfig
+from aiflame.core.errors import HostError
 from aiflame.core.raw import RawSample
 from tests.conftest import REPO
 
@@ -117,13 +118,12 @@ def test_llvm_stays_in_the_compiler_and_close_releases_every_descriptor() -> Non
 
 def test_full_maps_are_counted_not_raised() -> None:
     """What a target can fill (its children, its Python processes) ends in a count; a full target map is one
-    SamplerError for the caller to count (issue #20)."""
-    from aiflame.agent.kernel.sampler import SamplerError
+    HostError for the caller to count (issue #20)."""
 
     sampler = CpuSampler(SamplerConfig(max_targets=4, follow_children=True), lambda s: None, lambda e: None)
     try:
         sampler.start([11, 22, 33, 44])
-        with pytest.raises(SamplerError, match="4 targets already"):
+        with pytest.raises(HostError, match="4 targets already"):
             sampler.add_target(55)
         for pid in range(1000, 1000 + 4097):  # py_procs holds 4096
             sampler.set_python(pid, PyProcRec())

@@ -90,7 +90,7 @@ def test_bpf_compile_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(sampler, "program_text", lambda _config: "int broken( {")
     rc = main(["profile", "-q", "-o", str(tmp_path), "--", "true"])
     err = capsys.readouterr().err
-    assert rc == 3  # a SamplerError: the host cannot run the BPF program (HostError)
+    assert rc == 3  # a HostError: the host cannot run the BPF program
     assert "cannot load the BPF sampler" in err and "Traceback" not in err
 
 

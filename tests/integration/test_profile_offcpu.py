@@ -10,7 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from aiflame.core.capture import OFF_CPU_FORMAT_VERSION, CaptureError, read_capture
+from aiflame.core.capture import OFF_CPU_FORMAT_VERSION, read_capture
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from tests.conftest import PROGRAMS, REPO
 from tests.integration.conftest import HANG_S, aiflame, read_folded, wait_until
@@ -91,7 +92,7 @@ def _described(partial: Path) -> bool:
     """Whether the capture being written holds a process's mappings and its Python runtime."""
     try:
         cap = read_capture(partial, partial=True)
-    except (CaptureError, FileNotFoundError):
+    except (Unreadable, FileNotFoundError):
         return False
     return bool(cap.processes and cap.py_runtimes)
 

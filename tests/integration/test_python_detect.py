@@ -18,12 +18,12 @@ import pytest
 
 from aiflame.agent.python.detect import (
     PythonNotLoaded,
-    PythonUnsupported,
     detect_python,
     python_threads,
     read_python_stack,
 )
 from aiflame.agent.python.runtime import PythonPlugin
+from aiflame.core.errors import HostError
 from aiflame.symbolize.process_memory import ProcessMemory
 from aiflame.symbolize.python.code import CodeResolver, line_for
 from tests.conftest import INTERPRETERS
@@ -172,7 +172,7 @@ def test_unsupported_version(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         proc.stdout.readline()
-        with pytest.raises(PythonUnsupported, match=r"CPython 3\.9 .*no verified struct layout") as e:
+        with pytest.raises(HostError, match=r"CPython 3\.9 .*no verified struct layout") as e:
             detect_python(proc.pid)
         assert "\n" not in str(e.value)
     finally:

@@ -14,17 +14,15 @@ import pytest
 
 from aiflame.cli.main import main
 from aiflame.core.capture import write_capture
+from aiflame.core.errors import BadInput, NothingToShow
 from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, Mapping, ProcessSnapshot, RawSample
 from aiflame.core.raw import RawStallSample as Stall
 from aiflame.symbolize import stalls
 from aiflame.symbolize.accel.cubin import parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
 from aiflame.symbolize.annotate import (
-    AmbiguousSymbol,
     Annotation,
     BinaryNotFound,
-    BinaryNotInCapture,
-    SymbolNotFound,
     annotate,
 )
 from aiflame.symbolize.annotate import gpu as annotate_gpu
@@ -205,7 +203,7 @@ def test_no_symbol_at_all_by_address_and_range(hot: HotLoop) -> None:
     rng = annotate(c.capture(), f"prog.bare+{lo:#x}-{hi:#x}")
     assert [i.address for i in rng.instructions] == bare_insns and rng.samples == 8
     assert rng.name == f"prog.bare+{lo:#x}-{hi:#x}"
-    with pytest.raises(SymbolNotFound, match="outside the loaded segments"):
+    with pytest.raises(NothingToShow, match="outside the loaded segments"):
         annotate(c.capture(), "prog.bare+0x7fffffff")
 
 
@@ -213,14 +211,14 @@ def test_ambiguous_names_list_candidates_and_dso_chooses(hot: HotLoop) -> None:
     c = Cap()
     c.sample(hot.prog, _hot_loop(hot.prog)[0], 4)
     c.sample(hot.stripped, _hot_loop(hot.stripped)[0], 2)
-    with pytest.raises(AmbiguousSymbol) as e:
+    with pytest.raises(BadInput) as e:
         annotate(c.capture(), "hot_loop")
     msg = str(e.value)
     assert "'hot_loop' matches 2 functions" in msg and "\n" not in msg
     assert "hot_loop in prog (4 samples)" in msg and "hot_loop in prog.stripped (2 samples)" in msg
     assert annotate(c.capture(), "hot_loop", dso="prog").binary == str(hot.prog)
     assert annotate(c.capture(), "hot_loop", dso=str(hot.stripped)).binary == str(hot.stripped)
-    with pytest.raises(BinaryNotInCapture, match="the capture has no binary 'libnope'"):
+    with pytest.raises(NothingToShow, match="the capture has no binary 'libnope'"):
         annotate(c.capture(), "hot_loop", dso="libnope")
 
 
@@ -238,7 +236,7 @@ def test_cpp_names_mangled_demangled_short_and_part(cpp: Path) -> None:
 def test_not_found_and_missing_binaries(hot: HotLoop, tmp_path: Path) -> None:
     c = Cap()
     c.sample(hot.prog, _hot_loop(hot.prog)[0], 4)
-    with pytest.raises(SymbolNotFound, match=r"no function matching 'nothing_here' .*sampled functions: hot_loop"):
+    with pytest.raises(NothingToShow, match=r"no function matching 'nothing_here' .*sampled functions: hot_loop"):
         annotate(c.capture(), "nothing_here")
     gone = tmp_path / "gone"
     shutil.copy(hot.prog, gone)
@@ -324,7 +322,7 @@ def test_gpu_without_nvdisasm_and_without_code(progs: KernelPrograms, monkeypatc
     assert {i.address: i.samples for i in bare.instructions} == want and bare.samples == 63
     assert all(i.text is None and not i.file for i in bare.instructions)
     assert any("no code object" in n for n in bare.notes)
-    with pytest.raises(SymbolNotFound, match="no GPU kernel matching 'nope'"):
+    with pytest.raises(NothingToShow, match="no GPU kernel matching 'nope'"):
         annotate(c.capture(), "nope", kind="gpu")
 
 
@@ -332,7 +330,7 @@ def test_kernel_and_host_stub_need_a_kind(progs: KernelPrograms) -> None:
     c, _sm90 = _gpu_cap(progs)
     stub, _size = readelf_functions(progs.plain)[SCALE]  # nvcc's host-side launch stub has the kernel's name
     c.sample(progs.plain, stub, 2)
-    with pytest.raises(AmbiguousSymbol, match="names a GPU kernel .* add --kind gpu or --kind native"):
+    with pytest.raises(BadInput, match="names a GPU kernel .* add --kind gpu or --kind native"):
         annotate(c.capture(), SCALE)
     assert annotate(c.capture(), SCALE, kind="native").kind == "native"
     assert annotate(c.capture(), SCALE, kind="gpu").kind == "gpu"

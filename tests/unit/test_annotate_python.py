@@ -12,6 +12,7 @@ import pytest
 
 from aiflame.cli.main import main
 from aiflame.core.capture import write_capture
+from aiflame.core.errors import NothingToShow
 from aiflame.core.raw import (
     Capture,
     CaptureFooter,
@@ -21,7 +22,7 @@ from aiflame.core.raw import (
     RawPyFrame,
     RawSample,
 )
-from aiflame.symbolize.annotate import SymbolNotFound, annotate_any
+from aiflame.symbolize.annotate import annotate_any
 from aiflame.symbolize.annotate.python import PythonAnnotation
 from tests.unit.test_capture import _capture
 
@@ -118,8 +119,8 @@ def test_a_name_nothing_matches_lists_the_hottest_of_both_kinds(capture: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from aiflame.core.capture import read_capture
 
-    with pytest.raises(SymbolNotFound, match=r"no Python function matching either \(sampled Python functions: "
-                                             r"inner 81\.8%, outer 9\.1%\)"):
+    with pytest.raises(NothingToShow, match=r"no Python function matching either \(sampled Python functions: "
+                                            r"inner 81\.8%, outer 9\.1%\)"):
         annotate_any(read_capture(capture), "nosuch")
     assert main(["annotate", str(capture), "nosuch"]) == 1
     err = capsys.readouterr().err

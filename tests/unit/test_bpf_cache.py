@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiflame.agent.kernel import bpf_cache
-from aiflame.agent.kernel.bpf_cache import BpfCache, EntryCorrupt, cache_key, parse_entry, serialize_entry
+from aiflame.agent.kernel.bpf_cache import BpfCache, cache_key, parse_entry, serialize_entry
+from aiflame.core.errors import Unreadable
 
 REQUEST = {"text": "int x;", "cflags": ["-DA=1"], "functions": {"f": "perf_event"}, "maps": ["m"]}
 
@@ -56,7 +57,7 @@ def test_an_entry_reads_back(tmp_path: Path) -> None:
     entry = _entry(Path(__file__))
     data = serialize_entry("k", entry)
     assert parse_entry(data, "k") == {"key": "k", **entry}
-    with pytest.raises(EntryCorrupt, match="another key"):
+    with pytest.raises(Unreadable, match="another key"):
         parse_entry(data, "other")
 
 
@@ -69,7 +70,7 @@ def test_any_damage_is_refused(data: st.DataObject) -> None:
     flipped = bytearray(good)
     flipped[at] ^= 1 << bit
     for damaged in (good[:cut], bytes(flipped)):
-        with pytest.raises(EntryCorrupt):
+        with pytest.raises(Unreadable):
             parse_entry(damaged, "k")
 
 
@@ -86,7 +87,7 @@ def test_any_damage_is_refused(data: st.DataObject) -> None:
 def test_a_well_formed_entry_of_the_wrong_shape_is_refused(spoil: Any) -> None:
     entry = _entry(Path(__file__))
     spoil(entry)
-    with pytest.raises(EntryCorrupt):
+    with pytest.raises(Unreadable):
         parse_entry(serialize_entry("k", entry), "k")
 
 
@@ -95,7 +96,7 @@ def test_map_references_get_the_created_maps_fds() -> None:
     bpf_cache._patch_maps(code, [42])
     assert struct.unpack_from("<i", code, 4)[0] == 42
     assert code[8:] == CODE[8:]  # the plain constant is left alone
-    with pytest.raises(EntryCorrupt, match="out of range"):
+    with pytest.raises(Unreadable, match="out of range"):
         bpf_cache._patch_maps(bytearray(CODE), [])
 
 

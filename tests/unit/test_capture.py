@@ -1,4 +1,4 @@
-"""Capture file: round trip, and every kind of bad file gives one CaptureError line."""
+"""Capture file: round trip, and every kind of bad file gives one Unreadable line."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from aiflame.core.capture import (
     FORMAT_VERSION,
     MAGIC,
     STALL_BATCH,
-    CaptureError,
     CaptureWriter,
     is_capture,
     new_header,
     read_capture,
     write_capture,
 )
+from aiflame.core.errors import Refused, Unreadable
 from aiflame.core.raw import (
     Capture,
     CaptureFooter,
@@ -86,12 +86,12 @@ def test_partial_file_is_renamed_on_close(tmp_path: Path) -> None:
 
 
 def test_missing_and_foreign_files(tmp_path: Path) -> None:
-    with pytest.raises(CaptureError, match="No such file"):
+    with pytest.raises(Unreadable, match="No such file"):
         read_capture(tmp_path / "nope")
     (tmp_path / "f").write_bytes(b"\x7fELF....")
-    with pytest.raises(CaptureError, match="not an aiflame capture"):
+    with pytest.raises(Unreadable, match="not an aiflame capture"):
         read_capture(tmp_path / "f")
-    with pytest.raises(CaptureError, match="is a directory"):
+    with pytest.raises(Unreadable, match="is a directory"):
         read_capture(tmp_path)
 
 
@@ -105,7 +105,7 @@ def test_new_header_and_is_capture(tmp_path: Path) -> None:
     assert is_capture(path) and read_capture(path).header == h
     (tmp_path / "f").write_bytes(b"a;b 1\n")
     assert not is_capture(tmp_path / "f")
-    with pytest.raises(CaptureError, match="No such file"):
+    with pytest.raises(Unreadable, match="No such file"):
         is_capture(tmp_path / "nope")
 
 
@@ -115,7 +115,7 @@ def test_truncated_file(tmp_path: Path) -> None:
     data = path.read_bytes()
     for cut in (len(MAGIC) + 3, len(data) // 2, len(data) - 1):
         (tmp_path / "t").write_bytes(data[:cut])
-        with pytest.raises(CaptureError, match="truncated|corrupt"):
+        with pytest.raises(Unreadable, match="truncated|corrupt"):
             read_capture(tmp_path / "t")
 
 
@@ -123,7 +123,7 @@ def test_newer_format_is_refused(tmp_path: Path) -> None:
     cap = _capture([])
     cap.header.format_version = 99
     write_capture(tmp_path / "c", cap)
-    with pytest.raises(CaptureError, match="newer"):
+    with pytest.raises(Unreadable, match="newer"):
         read_capture(tmp_path / "c")
 
 
@@ -140,7 +140,7 @@ def test_fuzzed_files_give_capture_errors(tmp_path_factory: pytest.TempPathFacto
         (d / "bad").write_bytes(blob)
         try:
             read_capture(d / "bad")
-        except CaptureError as e:
+        except Unreadable as e:
             assert "\n" not in str(e)
 
 
@@ -192,7 +192,7 @@ def test_a_capture_cut_short_is_recovered(tmp_path: Path) -> None:
     from aiflame.core.capture import recover_capture
 
     partial, whole = _cut_capture(tmp_path, 200)
-    with pytest.raises(CaptureError, match="aiflame recover"):
+    with pytest.raises(Unreadable, match="aiflame recover"):
         read_capture(partial)
     cap = read_capture(partial, partial=True)
     assert cap.footer is None and 0 < len(cap.samples) < 200 and cap.processes
@@ -204,7 +204,7 @@ def test_a_capture_cut_short_is_recovered(tmp_path: Path) -> None:
     assert again.footer.end_mono_ns == cap.samples[-1].time_ns
     assert not list(tmp_path.glob(".*recovering*"))
     (tmp_path / "junk").write_bytes(b"junk")
-    with pytest.raises(CaptureError, match="bad magic"):
+    with pytest.raises(Unreadable, match="bad magic"):
         recover_capture(tmp_path / "junk", tmp_path / "j.aiflame")
 
 
@@ -274,7 +274,7 @@ def test_pieces_out_of_order_are_corrupt(tmp_path: Path) -> None:
     rec = pb.Record(gpu_code=pb.GpuCode(digest="d", data=b"abc", size=10, offset=3)).SerializeToString()
     bad = tmp_path / "bad.aiflame"
     bad.write_bytes(MAGIC + _varint(len(head)) + head + _varint(len(rec)) + rec)
-    with pytest.raises(CaptureError, match="piece out of order"):
+    with pytest.raises(Unreadable, match="piece out of order"):
         read_capture(bad, partial=True)
 
 
@@ -292,7 +292,7 @@ def test_an_oversize_record_of_an_older_writer_is_refused_with_the_fix_and_recov
     write_capture(path, cap)  # one whole record of 16 KiB: what an old writer did with 70 MiB
     monkeypatch.setattr(capmod, "MAX_RECORD", 8 << 10)
     monkeypatch.setattr(capmod, "MAX_PIECE", 4 << 10)
-    with pytest.raises(CaptureError, match=r"record \d+ is \d+ bytes, over .*aiflame recover"):
+    with pytest.raises(Unreadable, match=r"record \d+ is \d+ bytes, over .*aiflame recover"):
         read_capture(path)
     out = tmp_path / "new.aiflame"
     capmod.recover_capture(path, out)
@@ -306,7 +306,7 @@ def test_writer_refuses_a_record_over_the_limit(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(capmod, "MAX_RECORD", 1 << 10)
     w = CaptureWriter(tmp_path / "c.aiflame", _capture([]).header)
-    with pytest.raises(CaptureError, match="kernel_symbols record of .* bytes passes"):
+    with pytest.raises(Refused, match="kernel_symbols record of .* bytes passes"):
         w.add_kernel_symbols({i: "x" * 20 for i in range(100)})
 
 

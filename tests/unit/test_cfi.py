@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import HostError, Unreadable
 from aiflame.symbolize.objfmt import cfi
 from aiflame.symbolize.objfmt.cfi import (
     CFA_DEREF_RBP,
@@ -35,7 +36,6 @@ from aiflame.symbolize.objfmt.cfi import (
     RBP_INVALID,
     RBP_OFFSET,
     RBP_UNCHANGED,
-    CfiError,
     Rule,
     UnwindTable,
 )
@@ -433,13 +433,13 @@ class Sections:
 
 
 def build_both(eh: bytes, hdr: bytes = b"", dbg: bytes = b"", max_rows: int = cfi.MAX_ROWS) -> UnwindTable | str:
-    """The table, or the CfiError message, which both engines must agree on."""
+    """The table, or the Unreadable message, which both engines must agree on."""
     results: list[UnwindTable | str] = []
     engines: tuple[cfi.Engine, ...] = ("python", "c")
     for engine in engines:
         try:
             results.append(cfi.build_from_sections("t.so", eh, EH_ADDR, hdr, HDR_ADDR, dbg, engine, max_rows))
-        except CfiError as e:
+        except Unreadable as e:
             assert "\n" not in str(e) and str(e).startswith("t.so: ")
             results.append(str(e))
     assert results[0] == results[1], results
@@ -448,7 +448,7 @@ def build_both(eh: bytes, hdr: bytes = b"", dbg: bytes = b"", max_rows: int = cf
 
 def error_of(eh: bytes, hdr: bytes = b"", dbg: bytes = b"", max_rows: int = cfi.MAX_ROWS) -> str:
     r = build_both(eh, hdr, dbg, max_rows)
-    assert isinstance(r, str), "expected a CfiError"
+    assert isinstance(r, str), "expected an Unreadable"
     return r
 
 
@@ -637,7 +637,7 @@ def test_default_row_cap_holds_on_a_big_table() -> None:
     insns = b"\x0e\x10\x41\x0e\x08\x41" * (9 << 19)
     s = one_fde(insns, length=len(insns))
     t0 = time.monotonic()
-    with pytest.raises(CfiError, match=f"more than {cfi.MAX_ROWS} rows"):
+    with pytest.raises(Unreadable, match=f"more than {cfi.MAX_ROWS} rows"):
         cfi.build_from_sections("big.so", s.eh, EH_ADDR, engine="c")
     assert time.monotonic() - t0 < 10
 
@@ -655,11 +655,11 @@ def test_repeated_hdr_entries_are_interpreted_once() -> None:
 def test_not_x86_64_or_not_elf(tmp_path: Path) -> None:
     junk = tmp_path / "junk"
     junk.write_bytes(b"not an elf at all")
-    with pytest.raises(CfiError, match="junk: not an ELF file"):
+    with pytest.raises(Unreadable, match="junk: not an ELF file"):
         cfi.build_table(junk)
     obj = tmp_path / "x.o"
     subprocess.run(["gcc", "-c", "-x", "c", "-o", str(obj), "-"], input=b"int f(void){return 1;}", check=True)
-    with pytest.raises(CfiError, match="relocatable object"):
+    with pytest.raises(Unreadable, match="relocatable object"):
         cfi.build_table(obj)
 
 
@@ -707,7 +707,7 @@ def fuzz_input(built: dict[str, str]) -> tuple[bytes, int, bytes, int]:
 
 
 def _fuzz_once(eh: bytes, eh_addr: int, hdr: bytes, hdr_addr: int) -> None:
-    """Rows or CfiError, the same from both engines, in bounded time."""
+    """Rows or Unreadable, the same from both engines, in bounded time."""
     out: list[object] = []
     t0 = time.monotonic()
     engines: tuple[cfi.Engine, ...] = ("python", "c")
@@ -715,7 +715,7 @@ def _fuzz_once(eh: bytes, eh_addr: int, hdr: bytes, hdr_addr: int) -> None:
         try:
             t = cfi.build_from_sections("f.so", eh, eh_addr, hdr, hdr_addr, engine=engine)
             out.append((t.rows, t.rules, t.stats))
-        except CfiError as e:
+        except Unreadable as e:
             assert "\n" not in str(e)
             out.append(str(e))
     assert out[0] == out[1]
@@ -751,13 +751,13 @@ LIBC_SECTIONS = real_sections(LIBC)
                                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzz_mutated_files(built: dict[str, str], tmp_path: Path, data: st.DataObject) -> None:
-    """Whole files with mutated bytes anywhere: a table or CfiError, never another exception."""
+    """Whole files with mutated bytes anywhere: a table or Unreadable, never another exception."""
     raw = Path(built["O2"]).read_bytes()
     path = tmp_path / "m.elf"
     path.write_bytes(mutate(raw, data.draw(mutations(len(raw)))))
     try:
         cfi.build_table(path)
-    except CfiError as e:
+    except Unreadable as e:
         assert "\n" not in str(e)
 
 
@@ -878,7 +878,7 @@ def test_engine_is_compiled_atomically_into_a_private_dir(tmp_path: Path) -> Non
     assert st_.st_mode & 0o022 == 0 and os.path.basename(so).startswith("cfi_fast-")
     assert not [p for p in os.listdir(os.path.dirname(so)) if p.startswith(".tmp")]
     os.chmod(os.path.dirname(so), 0o777)
-    with pytest.raises(CfiError, match="not a private directory"):
+    with pytest.raises(Unreadable, match="not a private directory"):
         cfi_fast._load_fast(d)
 
 
@@ -887,5 +887,5 @@ def test_without_a_compiler_auto_falls_back_to_python(built: dict[str, str], mon
     s.tried, s.error = True, "cc: not found"
     monkeypatch.setattr(cfi_fast, "_fast_state", s)
     assert cfi.build_table(built["O2"]) == cfi.build_table(built["O2"], "python")
-    with pytest.raises(CfiError, match="C engine is unavailable"):
+    with pytest.raises(HostError, match="C engine is unavailable"):
         cfi.build_table(built["O2"], "c")

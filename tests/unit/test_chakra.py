@@ -20,10 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.rank_env import VARIABLES, rank_args, rank_event
+from aiflame.core.errors import BadInput, NothingToShow, Unreadable
 from aiflame.core.model import EventKind, Frame, FrameKind, Profile, Sample, TraceEvent
 from aiflame.exporters.chakra import decode_et, encode_rank, write_traces
 from aiflame.exporters.chakra_check import check_nodes
-from aiflame.exporters.chakra_nodes import COMM_COLL, COMP, P2P_TAG, UNTAGGED, ChakraError, build_traces
+from aiflame.exporters.chakra_nodes import COMM_COLL, COMP, P2P_TAG, UNTAGGED, build_traces
 from tests.unit.test_chakra_replay import attrs, load, pb, replay
 
 MAIN = Frame("train_step", FrameKind.PYTHON, file="train.py", line=3)
@@ -316,9 +317,9 @@ def test_ranks_from_events_or_numbered_after(tmp_path: Path) -> None:
 
 
 def test_no_communication_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ChakraError, match="nothing for a Chakra trace"):
+    with pytest.raises(NothingToShow, match="nothing for a Chakra trace"):
         write_traces(Profile(samples=samples(0, range(1, 4))), tmp_path / "x")
-    with pytest.raises(ChakraError, match="no such directory"):
+    with pytest.raises(BadInput, match="no such directory"):
         write_traces(gloo_job(), tmp_path / "missing" / "x")
 
 
@@ -328,7 +329,7 @@ def test_decoder_rejects_malformed_bytes() -> None:
     meta, nodes = decode_et(data)
     assert meta.version and len(nodes) == len(trace.nodes)
     for bad in (b"", data[: len(data) - 3], b"\xff" * 12):
-        with pytest.raises(ChakraError):
+        with pytest.raises(Unreadable):
             decode_et(bad)
 
 
@@ -337,7 +338,7 @@ def test_decoder_rejects_malformed_bytes() -> None:
 def test_decoder_fuzz(data: bytes) -> None:
     try:
         decode_et(data)
-    except ChakraError:
+    except Unreadable:
         pass
 
 

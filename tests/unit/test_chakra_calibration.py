@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import NothingToShow, Unreadable
 from aiflame.core.model import Profile
 from aiflame.exporters.chakra import ChakraExporter, write_traces
 from aiflame.exporters.chakra_calibration import (
     MARK,
-    CalibrationError,
     calibrate,
     calibration_yaml,
     capture_id,
@@ -170,7 +170,7 @@ def test_a_call_not_calibrated_is_costed_as_the_kind_the_simulator_runs_it_as() 
 
 
 def test_too_few_sizes_is_refused_in_one_line() -> None:
-    with pytest.raises(CalibrationError, match="no call kind was made at 3 or more sizes"):
+    with pytest.raises(NothingToShow, match="no call kind was made at 3 or more sizes"):
         calibrate(build_traces(job([("allreduce", 4096)] * 4)), "x")
 
 
@@ -183,11 +183,11 @@ def test_the_exporter_takes_a_calibrated_network_file(tmp_path: Path) -> None:
     fitted = tmp_path / "fitted.yml"
     fitted.write_text(network_yaml(fit_network(build_traces(sweep())) or pytest.fail("no fit"), 2, "x"))
     for bad, msg in ((fitted, "no aiflame-calibration line"), (tmp_path / "none.yml", "No such file")):
-        with pytest.raises(CalibrationError, match=msg):
+        with pytest.raises(Unreadable, match=msg):
             ChakraExporter(network=str(bad)).write(job([("allreduce", 1 << 20)] * 2), tmp_path / "k")
     huge = tmp_path / "huge.yml"
     huge.write_bytes(b"#" * ((1 << 20) + 1))
-    with pytest.raises(CalibrationError, match="not a network file"):
+    with pytest.raises(Unreadable, match="not a network file"):
         load_calibration(huge)
 
 
@@ -197,10 +197,10 @@ def test_the_exporter_takes_a_calibrated_network_file(tmp_path: Path) -> None:
     st.one_of(st.none(), st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=5),
               st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))))))
 def test_a_malformed_calibration_line_is_refused_in_one_line(body: str) -> None:
-    """Whatever follows the mark: a calibration whose costs are all non-negative, or CalibrationError."""
+    """Whatever follows the mark: a calibration whose costs are all non-negative, or Unreadable."""
     try:
         cal = read_calibration(f"topology: [ Switch ]\n{MARK}{body}\n")
-    except CalibrationError as e:
+    except Unreadable as e:
         assert "\n" not in str(e)
         return
     assert cal is not None and cal.bandwidth_gibps > 0 and cal.latency_ns >= 0

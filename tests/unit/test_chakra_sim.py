@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from aiflame.cli.commands.report import report_sim
+from aiflame.core.errors import Unreadable
 from aiflame.core.model import Profile
 from aiflame.exporters import REGISTRY, get_exporter
 from aiflame.exporters.chakra import write_traces
@@ -22,7 +23,7 @@ from aiflame.exporters.chakra_network import fit_network, network_yaml
 from aiflame.exporters.chakra_nodes import COMP, build_traces
 from aiflame.exporters.perfetto import NPU_TID
 from aiflame.exporters.rank_timeline import build_timeline
-from aiflame.exporters.sim_report import SimLogError, compare, idle_notes, parse_sim_log, problems
+from aiflame.exporters.sim_report import compare, idle_notes, parse_sim_log, problems
 from tests import perfetto_read
 from tests.unit.test_chakra import MS, ev, gloo_job, replayed_finish, samples, timed_job
 
@@ -64,7 +65,7 @@ def test_sim_log_compared_with_the_capture() -> None:
     assert problems(tl, parse_sim_log(LOG)) == []
     half = parse_sim_log(LOG.splitlines()[0] + "\n[x] [HardwareResource] [critical] GPU comm node id: 56\n")
     assert [p.split(" ")[0] for p in problems(tl, half)] == ["rank(s)", "the"]
-    with pytest.raises(SimLogError, match="no 'sys"):
+    with pytest.raises(Unreadable, match="no 'sys"):
         parse_sim_log("hello\n")
 
 

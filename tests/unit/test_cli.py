@@ -12,9 +12,8 @@ import sys
 import pytest
 
 from aiflame.cli import commands
-from aiflame.cli.commands import UsageError
 from aiflame.cli.main import COMMANDS, build_parser, main
-from aiflame.core.errors import AiflameError, BadInput, HostError, InternalError, TargetGone
+from aiflame.core.errors import AiflameError, BadInput, HostError, InternalError, TargetGone, UsageError
 from tests.conftest import REPO
 
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aiflame.symbolize.accel.cubin import Cubin, CubinError, cubin_arch, parse_cubin
+from aiflame.core.errors import Unreadable
+from aiflame.symbolize.accel.cubin import Cubin, cubin_arch, parse_cubin
 from aiflame.symbolize.accel.fatbin import iter_entries, read_fatbin_file
 from tests.cuda_build import KERNELS_CU, KernelPrograms, kernel_programs
 from tests.nvdisasm_read import nvdisasm_lines
@@ -159,30 +160,30 @@ def test_lookup_outside_and_unknown(code_cubins: dict[str, Path]) -> None:
 def test_not_a_cubin() -> None:
     with open("/bin/true", "rb") as f:
         host = f.read()
-    with pytest.raises(CubinError, match="not a cubin"):
+    with pytest.raises(Unreadable, match="not a cubin"):
         parse_cubin(host, label="true")
-    with pytest.raises(CubinError, match="not an ELF"):
+    with pytest.raises(Unreadable, match="not an ELF"):
         parse_cubin(b"hello")
 
 
-# --- hostile bytes: only CubinError (a SymbolizeError) may escape --------------------------------------------
+# --- hostile bytes: only Unreadable may escape ---------------------------------------------------------------
 
 
 def exercise(blob: bytes) -> None:
     try:
         c = parse_cubin(blob, label="fuzz")
-    except CubinError as e:
+    except Unreadable as e:
         assert str(e) and "\n" not in str(e)
         return
     assert isinstance(c, Cubin)
     for k in c.kernels:
         try:
             c.code(k)
-        except CubinError as e:
+        except Unreadable as e:
             assert "\n" not in str(e)
     try:
         lines = c.lines()
-    except CubinError as e:
+    except Unreadable as e:
         assert "\n" not in str(e)
         return
     for k in c.kernels:

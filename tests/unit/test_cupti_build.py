@@ -14,12 +14,12 @@ from aiflame.agent.accel import cupti_build
 from aiflame.agent.accel.cupti_build import (
     CRT_SHIM,
     INJECT_SOURCE,
-    CuptiBuildError,
     CuptiInstall,
     build_injection,
     crt_candidates,
     find_crt,
 )
+from aiflame.core.errors import HostError
 
 
 def _pip_torch_layout(cupti: CuptiInstall, root: Path) -> CuptiInstall:
@@ -101,7 +101,7 @@ def test_unbuildable_headers_say_what_is_missing_in_one_line(cupti: CuptiInstall
     bare = _pip_torch_layout(cupti, tmp_path)
     (bare.include / "cupti_pcsampling.h").unlink()
     monkeypatch.setattr(cupti_build, "crt_candidates", lambda c, env=None: [c.include])
-    with pytest.raises(CuptiBuildError) as e:
+    with pytest.raises(HostError) as e:
         build_injection(bare, cache_dir=tmp_path / "cache")
     msg = str(e.value)
     assert "\n" not in msg and "cupti_pcsampling.h" in msg and "nvidia-cuda-crt" in msg

@@ -19,14 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.accel.cupti_build import INJECT_SOURCE, CuptiInstall, build_injection
-from aiflame.symbolize.vendor.cupti_stream import (
-    MAGIC,
-    CuptiStreamError,
-    RecordType,
-    parse_stream,
-    reason_counts,
-    stalls_from_stream,
-)
+from aiflame.core.errors import Unreadable
+from aiflame.symbolize.vendor.cupti_stream import MAGIC, RecordType, parse_stream, reason_counts, stalls_from_stream
 from tests.conftest import PROGRAMS
 
 
@@ -161,7 +155,7 @@ def test_unknown_reason_and_missing_cubin_are_kept_and_counted() -> None:
     (struct.pack("<8sHHIQ", MAGIC, 1, 4, 1, 1), "bad header size 4"),
 ])
 def test_foreign_or_unreadable_streams_fail_with_one_line(data: bytes, message: str) -> None:
-    with pytest.raises(CuptiStreamError, match=message) as e:
+    with pytest.raises(Unreadable, match=message) as e:
         parse_stream(data, "x.stream")
     assert "\n" not in str(e.value) and str(e.value).startswith("x.stream: ")
 
@@ -196,7 +190,7 @@ def test_reader_never_crashes_on_mutated_streams(data: st.DataObject) -> None:
     raw = raw[:data.draw(st.integers(0, len(raw)))]
     try:
         s = parse_stream(bytes(raw), "f")
-    except CuptiStreamError as e:
+    except Unreadable as e:
         assert str(e).startswith("f: ")
         return
     stalls_from_stream(s)  # whatever survived converts without error
@@ -207,7 +201,7 @@ def test_reader_never_crashes_on_mutated_streams(data: st.DataObject) -> None:
 def test_reader_never_crashes_on_random_records(body: bytes) -> None:
     try:
         parse_stream(_header() + body, "r")
-    except CuptiStreamError as e:
+    except Unreadable as e:
         assert str(e).startswith("r: ")
 
 

@@ -1,5 +1,5 @@
 """The daemon's configuration parser: defaults, every documented key, and malformed files meeting one clear
-ConfigError line (property-tested on arbitrary documents)."""
+BadInput line (property-tested on arbitrary documents)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.agent.daemon.config import ConfigError, DaemonConfig, load_config, parse_config
+from aiflame.agent.daemon.config import DaemonConfig, load_config, parse_config
+from aiflame.core.errors import BadInput
 from tests.conftest import REPO
 
 
@@ -67,18 +68,18 @@ def test_values_are_read() -> None:
     ("[trigger]\ndefault_frequency = 500\nmax_frequency = 100\n", "defaults exceed the maximums"),
 ])
 def test_malformed_files_are_one_clear_line(text: str, message: str) -> None:
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(BadInput) as e:
         parse_config(text, "f.toml")
     assert message in str(e.value) and "\n" not in str(e.value)
     assert str(e.value).startswith("f.toml")
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read config"):
+    with pytest.raises(BadInput, match="cannot read config"):
         load_config(tmp_path / "missing.toml")
     bad = tmp_path / "bin.toml"
     bad.write_bytes(b"\xff\xfe")
-    with pytest.raises(ConfigError, match="not UTF-8"):
+    with pytest.raises(BadInput, match="not UTF-8"):
         load_config(bad)
 
 
@@ -111,7 +112,7 @@ def test_any_document_parses_or_fails_with_config_error(doc: dict[str, dict[str,
         pass
     try:
         cfg = parse_config(text)
-    except ConfigError as e:
+    except BadInput as e:
         assert "\n" not in str(e)
         return
     assert 1 <= cfg.continuous.frequency <= 1000 and cfg.output.dir.is_absolute()
@@ -122,5 +123,5 @@ def test_any_document_parses_or_fails_with_config_error(doc: dict[str, dict[str,
 def test_arbitrary_bytes(data: bytes) -> None:
     try:
         parse_config(data.decode(errors="replace"))
-    except ConfigError:
+    except BadInput:
         pass

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from aiflame.agent.daemon.control import ControlServer
-from aiflame.agent.daemon.errors import DaemonError
 from aiflame.agent.daemon.protocol import (
     Request,
     Response,
@@ -22,6 +21,7 @@ from aiflame.agent.daemon.protocol import (
     read_line,
     request,
 )
+from aiflame.core.errors import HostError
 
 
 def _handler(req: Request) -> Response:
@@ -102,11 +102,11 @@ def test_too_many_clients_at_once_are_turned_away(tmp_path: Path) -> None:
 
 
 def test_sockets_in_the_way(tmp_path: Path, server: ControlServer) -> None:
-    with pytest.raises(DaemonError, match="another daemon is listening"):
+    with pytest.raises(HostError, match="another daemon is listening"):
         ControlServer(server.path, _handler).listen()
     plain = tmp_path / "plain"
     plain.write_text("x")
-    with pytest.raises(DaemonError, match="is not a socket"):
+    with pytest.raises(HostError, match="is not a socket"):
         ControlServer(plain, _handler).listen()
     stale = tmp_path / "stale.sock"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

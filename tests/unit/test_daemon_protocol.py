@@ -1,4 +1,4 @@
-"""The control protocol: requests round-trip, and anything malformed is a ProtocolError (fuzzed)."""
+"""The control protocol: requests round-trip, and anything malformed is a BadInput (fuzzed)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from aiflame.agent.daemon.protocol import (
     LatestRequest,
-    ProtocolError,
     Response,
     StatusRequest,
     TriggerRequest,
@@ -23,6 +22,7 @@ from aiflame.agent.daemon.protocol import (
     parse_response,
     request,
 )
+from aiflame.core.errors import BadInput
 
 
 @pytest.mark.parametrize("req", [
@@ -58,7 +58,7 @@ def test_response_round_trip() -> None:
     (b"{" * 70000, "request too large"),
 ])
 def test_malformed_requests(line: bytes, message: str) -> None:
-    with pytest.raises(ProtocolError) as e:
+    with pytest.raises(BadInput) as e:
         parse_request(line)
     assert message in str(e.value)
 
@@ -75,7 +75,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
 def test_fuzz_requests(line: bytes) -> None:
     try:
         req = parse_request(line)
-    except ProtocolError:
+    except BadInput:
         return
     if isinstance(req, TriggerRequest):
         assert bool(req.pids) != req.all_targets and all(p > 0 for p in req.pids)
@@ -86,7 +86,7 @@ def test_fuzz_requests(line: bytes) -> None:
 def test_fuzz_responses(line: bytes) -> None:
     try:
         parse_response(line)
-    except ProtocolError:
+    except BadInput:
         pass
 
 

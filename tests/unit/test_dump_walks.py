@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from aiflame.agent.dump import MAX_PY, _py_frames
 from aiflame.agent.dump_native import MAX_NATIVE, _Map, _Unwinder
+from aiflame.core.errors import TargetGone
 from aiflame.core.python_layouts import layout_for
-from aiflame.symbolize.process_memory import ProcessMemoryError
 
 
 class _Garbage:
@@ -22,7 +22,7 @@ class _Garbage:
 
     def read(self, addr: int, size: int) -> bytes:
         if addr % 97 in self.holes:
-            raise ProcessMemoryError("unreadable")
+            raise TargetGone("unreadable")
         out = b""
         while len(out) < size:
             out += self.words[(addr // 8 + len(out) // 8) % len(self.words)].to_bytes(8, "little")
@@ -44,7 +44,7 @@ def test_python_frame_walk_of_garbage_is_bounded(words: list[int], holes: set[in
     assert lay is not None
     try:
         frames = _py_frames(_Garbage(words, holes), tstate, lay)  # type: ignore[arg-type]
-    except ProcessMemoryError:
+    except TargetGone:
         return
     assert len(frames) <= MAX_PY
 

@@ -1,5 +1,5 @@
 """Function starts from .eh_frame_hdr, checked against nm on binaries built for the test and on this machine's
-Python; damaged tables give SymbolizeError or no starts, never a wrong crash."""
+Python; damaged tables give Unreadable or no starts, never a wrong crash."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.ehframe import function_starts
 from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.unit.elf_builders import Built, get_built, readelf_functions, section_offset
@@ -87,5 +87,5 @@ def test_unknown_table_encoding_gives_no_starts(built: Built, tmp_path: Path) ->
 @pytest.mark.parametrize("count", [1 << 20, (1 << 31) - 1])
 def test_entry_count_beyond_the_section_is_an_error(built: Built, tmp_path: Path, count: int) -> None:
     with ElfFile.open(_patched(built, tmp_path, 8, struct.pack("<I", count))) as elf:
-        with pytest.raises(SymbolizeError, match="does not fit"):
+        with pytest.raises(Unreadable, match="does not fit"):
             function_starts(elf)

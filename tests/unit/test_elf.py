@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.debugfiles import build_id_path, find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, is_mangled, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
@@ -85,21 +85,21 @@ def test_read_build_id_none_without_note(built: Built) -> None:
 def test_read_build_id_rejects_non_elf(tmp_path: Path, content: bytes) -> None:
     p = tmp_path / "f"
     p.write_bytes(content)
-    with pytest.raises(SymbolizeError) as ei:
+    with pytest.raises(Unreadable) as ei:
         read_build_id(p)
     assert str(p) in str(ei.value) and "\n" not in str(ei.value)
-    with pytest.raises(SymbolizeError):
+    with pytest.raises(Unreadable):
         ElfFile.open(p)
 
 
 def test_read_build_id_missing_directory_and_fifo(tmp_path: Path) -> None:
-    with pytest.raises(SymbolizeError, match="No such file"):
+    with pytest.raises(Unreadable, match="No such file"):
         read_build_id(tmp_path / "missing")
-    with pytest.raises(SymbolizeError, match="not a regular file"):
+    with pytest.raises(Unreadable, match="not a regular file"):
         read_build_id(tmp_path)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(SymbolizeError):  # must not block on open
+    with pytest.raises(Unreadable):  # must not block on open
         read_build_id(fifo)
 
 

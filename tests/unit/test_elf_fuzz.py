@@ -1,4 +1,4 @@
-"""Property tests: hostile bytes fed to the ELF and DWARF readers raise only SymbolizeError, if anything."""
+"""Property tests: hostile bytes fed to the ELF and DWARF readers raise only Unreadable, if anything."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.model import Frame
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
 from aiflame.symbolize.objfmt.ehframe import function_starts
@@ -39,11 +39,11 @@ def samples(built: Built) -> dict[str, bytes]:
 
 
 def exercise(path: Path) -> None:
-    """Every reader on `path`: each either succeeds or raises SymbolizeError."""
+    """Every reader on `path`: each either succeeds or raises Unreadable."""
     try:
         bid = read_build_id(path)
         assert bid is None or (isinstance(bid, str) and bid == bid.lower())
-    except SymbolizeError as e:
+    except Unreadable as e:
         assert str(e) and "\n" not in str(e)
     try:
         with ElfFile.open(path) as elf:
@@ -58,7 +58,7 @@ def exercise(path: Path) -> None:
             starts = function_starts(elf)
             for s in funcs[:20]:
                 starts.find(s.addr)
-    except SymbolizeError as e:
+    except Unreadable as e:
         assert str(e) and "\n" not in str(e)
 
 

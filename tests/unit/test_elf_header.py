@@ -1,5 +1,5 @@
 """The one ELF file header decoder (symbolize/objfmt/elf_format.py `parse_header`): random bytes either decode or
-raise one SymbolizeError line, and headers written field by field read back as written."""
+raise one Unreadable line, and headers written field by field read back as written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf_format import ELF_MAGIC, parse_header, sniff_header
 
 FUZZ = settings(max_examples=500, deadline=None)
@@ -23,7 +23,7 @@ _U16, _U32, _U64 = st.integers(0, 0xFFFF), st.integers(0, 0xFFFFFFFF), st.intege
 def test_random_bytes_decode_or_raise_one_line(data: bytes) -> None:
     try:
         h = parse_header(data, "blob")
-    except SymbolizeError as e:
+    except Unreadable as e:
         assert str(e).startswith("blob: ") and "\n" not in str(e)
         assert sniff_header(data) is None
         return
@@ -63,5 +63,5 @@ def test_written_headers_read_back(is64: bool, little: bool, osabi: int, abi: in
     (ELF_MAGIC + b"\x01\x01" + bytes(40), r"truncated ELF header \(46 of 52 bytes\)"),
 ])
 def test_malformed_headers_say_what_is_wrong(data: bytes, why: str) -> None:
-    with pytest.raises(SymbolizeError, match=f"^hdr: {why}$"):
+    with pytest.raises(Unreadable, match=f"^hdr: {why}$"):
         parse_header(data, "hdr")

@@ -14,17 +14,16 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.accel.fatbin import (
     FATBIN_MAGIC,
     FatbinEntry,
-    FatbinError,
     decompress_payload,
     fatbin_size,
     find_fatbins,
     iter_entries,
     read_fatbin_file,
 )
-from aiflame.symbolize.errors import SymbolizeError
 from tests.cuda_build import KernelPrograms, kernel_programs, nvidia_bin
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -155,9 +154,9 @@ def test_file_kinds(progs: KernelPrograms, sections: dict[str, bytes], tmp_path:
     assert read_fatbin_file("/bin/true") == ("elf", b"")
     text = tmp_path / "notes.txt"
     text.write_text("hello\n")
-    with pytest.raises(SymbolizeError, match="not an ELF"):
+    with pytest.raises(Unreadable, match="not an ELF"):
         read_fatbin_file(text)
-    with pytest.raises(FatbinError, match="No such file"):
+    with pytest.raises(Unreadable, match="No such file"):
         read_fatbin_file(tmp_path / "missing")
 
 
@@ -204,13 +203,13 @@ def test_lz4_zstd_and_unknown_compression(a_cubin: FatbinEntry) -> None:
 
 def test_decompress_payload_errors(a_cubin: FatbinEntry) -> None:
     zs = zstandard.ZstdCompressor().compress(a_cubin.data)
-    with pytest.raises(FatbinError, match="header says"):
+    with pytest.raises(Unreadable, match="header says"):
         decompress_payload(zs, 0x8000, len(zs), len(a_cubin.data) - 1)
-    with pytest.raises(FatbinError, match="exceeds the payload"):
+    with pytest.raises(Unreadable, match="exceeds the payload"):
         decompress_payload(zs, 0x8000, len(zs) + 1, len(a_cubin.data))
-    with pytest.raises(FatbinError, match="unknown method"):
+    with pytest.raises(Unreadable, match="unknown method"):
         decompress_payload(zs, 0x4000, len(zs), len(a_cubin.data))
-    with pytest.raises(FatbinError, match="implausible"):
+    with pytest.raises(Unreadable, match="implausible"):
         decompress_payload(b"\x10abc", 0x2000, 4, 1 << 40)
 
 
@@ -226,15 +225,15 @@ def test_container_errors_are_one_line() -> None:
     for blob in cases:
         try:
             results.append(list(iter_entries(blob, label="mem")))
-        except FatbinError as e:
+        except Unreadable as e:
             assert str(e).startswith("mem: ") and "\n" not in str(e)
             results.append(None)
     assert results == [None, None, [], None]
-    with pytest.raises(FatbinError, match="not a fatbin"):
+    with pytest.raises(Unreadable, match="not a fatbin"):
         fatbin_size(b"\0" * 16)
 
 
-# --- hostile bytes: only FatbinError (a SymbolizeError) may escape -------------------------------------------
+# --- hostile bytes: only Unreadable may escape -------------------------------------------------------------
 
 
 def exercise(blob: bytes) -> None:
@@ -245,7 +244,7 @@ def exercise(blob: bytes) -> None:
                 assert e.digest == hashlib.sha256(e.data).hexdigest()
             else:
                 assert e.error and "\n" not in e.error and not e.data
-    except FatbinError as err:
+    except Unreadable as err:
         assert str(err) and "\n" not in str(err)
 
 
@@ -306,7 +305,7 @@ def test_random_compressed_payloads(payload: bytes, flags: int, usize: int) -> N
     for data in (payload, b"\x28\xb5\x2f\xfd" + payload):
         try:
             out = decompress_payload(data, flags, len(data), usize)
-        except FatbinError as e:
+        except Unreadable as e:
             assert "\n" not in str(e)
         else:
             assert isinstance(out, bytes)

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import BadInput
 from aiflame.core.model import SEPARATOR, Frame, FrameKind, Profile, Sample, Stack
-from aiflame.exporters.base import ExportError, frame_label, sanitize_label
+from aiflame.exporters.base import frame_label, sanitize_label
 from aiflame.exporters.folded import FoldedExporter, parse_folded, with_separator
 from tests.flamegraph_read import READ_AS_DIFFERENTIAL, read_folded_text
 
@@ -186,14 +187,14 @@ def test_parse_folded_empty_stack_is_root_only_weight() -> None:
     ],
 )
 def test_parse_folded_malformed_line(text: str, line: int) -> None:
-    with pytest.raises(ExportError, match=rf"^line {line}: ") as info:
+    with pytest.raises(BadInput, match=rf"^line {line}: ") as info:
         parse_folded(text)
     assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "   \n"])
 def test_parse_folded_empty_input(text: str) -> None:
-    with pytest.raises(ExportError, match="no stacks"):
+    with pytest.raises(BadInput, match="no stacks"):
         parse_folded(text)
 
 
@@ -207,7 +208,7 @@ def test_write_is_atomic_and_leaves_no_temporary_file(tmp_path: Path) -> None:
 
 
 def test_write_to_missing_directory_is_an_export_error(tmp_path: Path) -> None:
-    with pytest.raises(ExportError, match="cannot write"):
+    with pytest.raises(BadInput, match="cannot write"):
         FoldedExporter().write(Profile(), tmp_path / "missing" / "out.folded")
 
 
@@ -291,7 +292,7 @@ folded_bits = st.sampled_from(["a", ";", " ", "1", "\n", "\t", "\r", "_[k]", "-"
 def test_parse_folded_raises_only_export_error(text: str) -> None:
     try:
         profile = parse_folded(text)
-    except ExportError as e:
+    except BadInput as e:
         assert "\n" not in str(e)
     else:
         assert profile.samples

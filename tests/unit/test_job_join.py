@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from aiflame.core.errors import BadInput
 from aiflame.core.model import Profile
 from aiflame.exporters.chakra import write_traces
-from aiflame.exporters.job_join import JoinError, join
+from aiflame.exporters.job_join import join
 from tests.unit.test_chakra import MS, ev, samples
 
 D = 123_456_789_012  # host B's monotonic clock is this far behind host A's (another boot)
@@ -70,7 +71,7 @@ def test_pids_of_two_hosts_stay_apart() -> None:
 
 def test_a_rank_in_two_captures_is_refused_and_a_missing_rank_named() -> None:
     a = host((0, 1), 4, 0, 1)
-    with pytest.raises(JoinError, match="rank 1 is in two captures: a and b"):
+    with pytest.raises(BadInput, match="rank 1 is in two captures: a and b"):
         join(["a", "b"], [a, host((1, 2), 4, D, 2)])
     done = join(["a", "b"], [a, host((2,), 4, D, 2)])
     assert done.notes == ["rank 3 is in none of the captures (world size 4)"]
@@ -79,7 +80,7 @@ def test_a_rank_in_two_captures_is_refused_and_a_missing_rank_named() -> None:
 def test_a_capture_without_a_clock_pair_is_refused() -> None:
     b = host((2, 3), 4, D, 2)
     del b.meta["start_wall_ns"]
-    with pytest.raises(JoinError, match="b: the capture has no clock pair"):
+    with pytest.raises(BadInput, match="b: the capture has no clock pair"):
         join(["a", "b"], [host((0, 1), 4, 0, 1), b])
 
 

@@ -1,6 +1,6 @@
 """MiniDebugInfo (.gnu_debugdata): names of static functions in a stripped binary, and hostile section contents
 (bad xz, truncated streams, nested files that are not ELF or are damaged, decompression bombs) that give one
-SymbolizeError per file and never cost the binary's other names.
+Unreadable per file and never cost the binary's other names.
 
 The MiniDebugInfo files are made the way Fedora's find-debuginfo makes them (the recipe in gdb's manual):
 the functions .dynsym lacks, kept from an --only-keep-debug copy, xz-compressed into the stripped binary."""
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.model import FrameKind
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.minidebug import SECTION, minidebug_functions
@@ -126,7 +126,7 @@ def test_minidebug_functions_are_the_kept_symbols(made: Made) -> None:
 
 
 def _error(path: Path, **caps: int) -> str:
-    with ElfFile.open(path) as elf, pytest.raises(SymbolizeError) as err:
+    with ElfFile.open(path) as elf, pytest.raises(Unreadable) as err:
         minidebug_functions(elf, **caps)
     msg = str(err.value)
     assert "\n" not in msg and str(path) in msg and SECTION in msg
@@ -197,7 +197,7 @@ def test_hostile_sections_never_crash(made: Made, tmp_path: Path, data: st.DataO
         with ElfFile.open(path) as elf:
             syms = minidebug_functions(elf, max_decompressed=4 << 20)
         assert [s.addr for s in syms] == sorted({s.addr for s in syms})
-    except SymbolizeError as e:
+    except Unreadable as e:
         assert str(e) and "\n" not in str(e)
     offs = list(_offsets(made, ["static_helper", "main"]).values())
     frames = NativeSymbolizer(cache_dir=str(tmp_path / "cache"), debug_dirs=()).symbolize(str(path), None, offs)

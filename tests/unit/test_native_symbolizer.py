@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.model import Frame, FrameKind
 from aiflame.symbolize import cache as cache_mod
 from aiflame.symbolize import native as native_mod
 from aiflame.symbolize.cache import SymbolCache
-from aiflame.symbolize.errors import SymbolizeError
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.unit.elf_builders import (
@@ -390,7 +390,7 @@ def test_parse_errors_give_unknowns(
     built: Built, sym: NativeSymbolizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(self: object, offsets: object) -> dict[int, tuple[str, int, str, int]]:
-        raise SymbolizeError("prog: broken")
+        raise Unreadable("prog: broken")
 
     monkeypatch.setattr(native_mod._Binary, "resolve", broken)
     assert one(sym, built.prog, 0x1000) == Frame("prog+0x1000", UNKNOWN, "prog")

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.model import Profile
 from aiflame.exporters import get_exporter
 from aiflame.exporters.chakra_nodes import build_traces, node_types
-from aiflame.exporters.obfuscate import ObfuscateError, Obfuscator, load_key, parse_key
+from aiflame.exporters.obfuscate import Obfuscator, load_key, parse_key
 from tests.unit.test_chakra import gloo_job
 
 SECRETS = ("train_step", "train.py", "sgemm_kernel", "libblas.so", "trainer_proc", "secret-host", "my_job.py")
@@ -65,13 +66,13 @@ def test_key_file_made_private_and_reused(tmp_path: Path) -> None:
     assert len(key) == 32 and os.stat(path).st_mode & 0o777 == 0o600
     assert load_key(path) == key
     os.chmod(path, 0o644)
-    with pytest.raises(ObfuscateError, match="readable by others"):
+    with pytest.raises(Unreadable, match="readable by others"):
         load_key(path)
     os.chmod(path, 0o600)
     path.write_text("zz\n")
-    with pytest.raises(ObfuscateError, match="not a key"):
+    with pytest.raises(Unreadable, match="not a key"):
         load_key(path)
-    with pytest.raises(ObfuscateError, match="cannot read"):
+    with pytest.raises(Unreadable, match="cannot read"):
         load_key(tmp_path / "absent", create=False)
 
 
@@ -80,5 +81,5 @@ def test_key_file_made_private_and_reused(tmp_path: Path) -> None:
 def test_key_parser_fuzz(data: bytes) -> None:
     try:
         assert len(parse_key(data)) == 32
-    except ObfuscateError:
+    except Unreadable:
         pass

@@ -14,6 +14,7 @@ from aiflame.agent.kernel.records import OffCpuEndRec, RecKind, SampleRec
 from aiflame.cli.main import main
 from aiflame.cli.summary import off_cpu_line
 from aiflame.core.capture import FORMAT_VERSION, OFF_CPU_FORMAT_VERSION, new_header, read_capture, write_capture
+from aiflame.core.errors import NothingToShow
 from aiflame.core.model import Frame, FrameKind, Profile, Sample
 from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, Mapping, ProcessSnapshot, RawSample
 from aiflame.exporters.folded import parse_folded
@@ -21,7 +22,6 @@ from aiflame.symbolize.offcpu import (
     CUDA_SYNC,
     NCCL,
     OFF_CPU,
-    NoOffCpuError,
     off_cpu_marker,
     offcpu_profile,
     wall_profile,
@@ -154,7 +154,7 @@ def test_off_cpu_views_of_a_capture_without_them_are_refused() -> None:
     prof = _prof()
     prof.off_cpu = []
     for view in (wall_profile, offcpu_profile):
-        with pytest.raises(NoOffCpuError, match="profile --off-cpu"):
+        with pytest.raises(NothingToShow, match="profile --off-cpu"):
             view(prof)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from aiflame.agent.python import runtime
-from aiflame.agent.python.detect import PythonNotLoaded, PythonUnsupported
+from aiflame.agent.python.detect import PythonNotLoaded
 from aiflame.agent.python.runtime import PythonPlugin
+from aiflame.core.errors import HostError
 
 
 class _Detect:
@@ -29,7 +30,7 @@ def plugin() -> PythonPlugin:
 
 def test_forced_tries_leave_the_timed_ones(monkeypatch: pytest.MonkeyPatch, plugin: PythonPlugin) -> None:
     """Tries at target stops (one per library open while the interpreter starts) use up no timed retry."""
-    detect = _Detect(PythonUnsupported("CPython 3.12 in pid 7: layout check failed: no interpreter"))
+    detect = _Detect(HostError("CPython 3.12 in pid 7: layout check failed: no interpreter"))
     monkeypatch.setattr(runtime, "detect_python", detect)
     for _ in range(3 * PythonPlugin.RETRIES):
         assert plugin.attach(7, 1, force=True) is None

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import TargetGone, Unreadable
 from aiflame.core.python_layouts import PyLayout, layout_for
 from aiflame.core.raw import CodeInfo
-from aiflame.symbolize.process_memory import ProcessMemory, ProcessMemoryError
+from aiflame.symbolize.process_memory import ProcessMemory
 from aiflame.symbolize.python.code import (
     CodeResolver,
-    PythonObjectError,
     decode_unicode,
     line_for,
 )
@@ -198,7 +198,7 @@ def test_resolver_on_dead_process() -> None:
     lay = layout_for((3, 12))
     assert lay is not None
     assert CodeResolver(proc.pid, lay).resolve(0x1000) is None
-    with pytest.raises(ProcessMemoryError):
+    with pytest.raises(TargetGone):
         ProcessMemory(proc.pid)
 
 
@@ -222,12 +222,12 @@ def test_line_for_never_raises(lay: PyLayout, table: bytes, instr: int, first: i
 def test_decode_unicode_garbage(lay: PyLayout, blob: bytes, addr: int) -> None:
     def read(a: int, n: int) -> bytes:
         if a < 0 or n < 0 or a + n > len(blob):
-            raise ProcessMemoryError("out of range")
+            raise TargetGone("out of range")
         return blob[a : a + n]
 
     try:
         s = decode_unicode(read, addr, lay)
-    except (PythonObjectError, ProcessMemoryError):
+    except (Unreadable, TargetGone):
         return
     assert isinstance(s, str)
 

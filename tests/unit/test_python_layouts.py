@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from aiflame.agent.python.debug_offsets import (
     SIZE_313,
     DebugOffsets,
-    UnsupportedDebugOffsets,
     compare_with_table,
     encode_debug_offsets,
     layout_from_debug_offsets,
     parse_debug_offsets,
 )
-from aiflame.core.python_layouts import PythonLayoutError, known_versions, layout_for, layout_from_json
+from aiflame.core.errors import HostError, Unreadable
+from aiflame.core.python_layouts import known_versions, layout_for, layout_from_json
 from aiflame.symbolize.objfmt.elf import ElfFile
 from tests.conftest import REPO
 
@@ -96,7 +96,7 @@ def test_layout_from_json_rejects_malformed() -> None:
         {k: v for k, v in good.items() if k != "frame_code"},
     ]
     for bad in bad_entries:
-        with pytest.raises(PythonLayoutError):
+        with pytest.raises(Unreadable):
             layout_from_json(bad)
 
 
@@ -160,22 +160,22 @@ def test_debug_offsets_mismatch_is_reported() -> None:
 
 
 def test_debug_offsets_errors() -> None:
-    with pytest.raises(PythonLayoutError, match="cookie"):
+    with pytest.raises(Unreadable, match="cookie"):
         parse_debug_offsets(b"ydebugpy" + VALID[8:])
-    with pytest.raises(PythonLayoutError, match="truncated"):
+    with pytest.raises(Unreadable, match="truncated"):
         parse_debug_offsets(VALID[:100])
-    with pytest.raises(PythonLayoutError, match="truncated"):
+    with pytest.raises(Unreadable, match="truncated"):
         parse_debug_offsets(VALID[:10])
     v314 = VALID[:8] + (0x030E00F0).to_bytes(8, "little") + VALID[16:]
-    with pytest.raises(UnsupportedDebugOffsets, match="3.14"):
+    with pytest.raises(HostError, match="3.14"):
         parse_debug_offsets(v314)
     ft = VALID[:16] + (1).to_bytes(8, "little") + VALID[24:]
-    with pytest.raises(UnsupportedDebugOffsets, match="free-threaded"):
+    with pytest.raises(HostError, match="free-threaded"):
         parse_debug_offsets(ft)
     dbg = parse_debug_offsets(VALID)
     groups = {g: dict(f) for g, f in dbg.groups.items()}
     groups["code_object"]["filename"] = 1 << 40
-    with pytest.raises(PythonLayoutError, match="outside"):
+    with pytest.raises(Unreadable, match="outside"):
         parse_debug_offsets(encode_debug_offsets(dataclasses.replace(dbg, groups=groups)))
 
 
@@ -184,7 +184,7 @@ def test_debug_offsets_errors() -> None:
 def test_debug_offsets_fuzz_random(data: bytes) -> None:
     try:
         parse_debug_offsets(data)
-    except PythonLayoutError:
+    except Unreadable:
         pass
 
 
@@ -197,7 +197,7 @@ def test_debug_offsets_fuzz_mutated(edits: list[tuple[int, int]], cut: int) -> N
         data[pos] = value
     try:
         dbg = parse_debug_offsets(bytes(data[:cut]))
-    except PythonLayoutError:
+    except Unreadable:
         return
     lay = layout_from_debug_offsets(dbg)  # a parsed struct always makes a layout
     assert all(isinstance(d, str) for d in compare_with_table(lay))

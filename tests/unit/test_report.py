@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from aiflame.cli.commands.report import ReportError, report_comm
+from aiflame.cli.commands.report import report_comm
+from aiflame.core.errors import NothingToShow
 from aiflame.core.model import Profile
 from aiflame.exporters.comm_plot import comm_totals, imbalance, plot_svg
 from tests.unit.test_chakra import ev, gloo_job
@@ -54,5 +55,5 @@ def test_report_prints_and_plots(tmp_path: Path) -> None:
 
 
 def test_no_collectives_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ReportError, match="no collectives"):
+    with pytest.raises(NothingToShow, match="no collectives"):
         report_comm(Profile(), Console(), 0.1, 0.5, None)

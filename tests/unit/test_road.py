@@ -12,10 +12,11 @@ import pytest
 
 from aiflame.cli.main import build_parser, main
 from aiflame.core.capture import OFF_CPU_FORMAT_VERSION, write_capture
+from aiflame.core.errors import NothingToShow
 from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, Mapping, ProcessSnapshot, RawEvent, RawSample
 from aiflame.exporters.road import open_capture
 from aiflame.symbolize.stacks import StackOptions
-from aiflame.symbolize.views import VIEWS, WRITTEN, NoLaunchesError, capture_views, view
+from aiflame.symbolize.views import VIEWS, WRITTEN, capture_views, view
 
 TRUE = shutil.which("true") or "/bin/true"
 
@@ -64,7 +65,7 @@ def test_a_view_the_capture_has_nothing_for_is_one_line(tmp_path: Path, capsys: 
     write_capture(path, cap)
     capture = open_capture(path)
     assert [v.name for v in capture.views()] == ["cpu"]
-    with pytest.raises(NoLaunchesError, match="no kernel launches in this capture"):
+    with pytest.raises(NothingToShow, match="no kernel launches in this capture"):
         view(cap, capture.profile, "launches")
     with pytest.raises(ValueError, match="unknown view 'profile'"):
         capture.view("profile")

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import Unreadable
 from aiflame.core.raw import GpuCode
 from aiflame.symbolize.vendor.rocprof_pc import (
     HOST_TRAP_SIZE,
     STOCHASTIC_SIZE,
     CodeObject,
-    RocprofError,
     amdgpu_refusal,
     code_object_from_elf,
     parse_file,
@@ -113,18 +113,18 @@ def test_host_trap_and_stochastic_records() -> None:
 
 def test_malformed_files(tmp_path: Path) -> None:
     good = host_trap(1, 0)
-    with pytest.raises(RocprofError, match="byte 88 has size 12, not a host-trap"):
+    with pytest.raises(Unreadable, match="byte 88 has size 12, not a host-trap"):
         parse_records(good + (12).to_bytes(8, "little") + bytes(20))
-    with pytest.raises(RocprofError, match="truncated record at byte 88 .40 of 104"):
+    with pytest.raises(Unreadable, match="truncated record at byte 88 .40 of 104"):
         parse_records(good + stochastic(1, 0, 0)[:40])
-    with pytest.raises(RocprofError, match="truncated record at byte 0"):
+    with pytest.raises(Unreadable, match="truncated record at byte 0"):
         parse_records(b"\x58\x00")
     (tmp_path / "empty").write_bytes(b"")
-    with pytest.raises(RocprofError, match="empty file"):
+    with pytest.raises(Unreadable, match="empty file"):
         parse_file(tmp_path / "empty")
-    with pytest.raises(RocprofError, match="No such file"):
+    with pytest.raises(Unreadable, match="No such file"):
         parse_file(tmp_path / "nope")
-    with pytest.raises(RocprofError, match="not a readable ELF"):
+    with pytest.raises(Unreadable, match="not a readable ELF"):
         code_object_from_elf(3, b"\x7fELF" + bytes(10))
 
 
@@ -133,7 +133,7 @@ def test_malformed_files(tmp_path: Path) -> None:
 def test_fuzzed_tails_give_one_line_errors(recs: list[bytes], junk: bytes) -> None:
     try:
         p = parse_records(b"".join(recs) + junk, code_objects={1: CO})
-    except RocprofError as e:
+    except Unreadable as e:
         assert "\n" not in str(e)
     else:
         assert sum(s.count for s in p.samples) == p.host_trap + p.stochastic >= len(recs)

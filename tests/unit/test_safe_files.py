@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aiflame.core.safe_files import FileRefused, OutputDir, open_regular, read_regular, trusted_dir, write_atomic
+from aiflame.core.errors import Refused
+from aiflame.core.safe_files import OutputDir, open_regular, read_regular, trusted_dir, write_atomic
 from tests.hostile import NOBODY
 
 
@@ -27,7 +28,7 @@ def test_a_regular_file_is_read(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert read_regular(p, 5) == b"hello"
-    with pytest.raises(FileRefused, match="more than the 4"):
+    with pytest.raises(Refused, match="more than the 4"):
         read_regular(p, 4)
 
 
@@ -43,9 +44,9 @@ def test_anything_but_a_regular_file_is_refused_without_opening_it(tmp_path: Pat
     else:
         p.symlink_to("/dev/zero")  # read whole, it never ends
     t0 = time.monotonic()
-    with pytest.raises(FileRefused, match="not a regular file"):
+    with pytest.raises(Refused, match="not a regular file"):
         open_regular(p)
-    with pytest.raises(FileRefused):
+    with pytest.raises(Refused):
         read_regular(p, 1 << 30)
     assert time.monotonic() - t0 < 1
 
@@ -54,7 +55,7 @@ def test_a_symlink_is_refused_when_not_followed(tmp_path: Path) -> None:
     (tmp_path / "real").write_bytes(b"x")
     (tmp_path / "link").symlink_to(tmp_path / "real")
     assert read_regular(tmp_path / "link", 1) == b"x"
-    with pytest.raises(FileRefused, match="not a regular file"):
+    with pytest.raises(Refused, match="not a regular file"):
         open_regular(tmp_path / "link", follow=False)
 
 
@@ -63,7 +64,8 @@ def test_a_terminal_never_becomes_ours() -> None:
     would make it its controlling terminal, and ^C from its master would interrupt it."""
     script = textwrap.dedent("""
         import os
-        from aiflame.core.safe_files import FileRefused, open_regular
+        from aiflame.core.errors import Refused
+        from aiflame.core.safe_files import open_regular
         def tty():
             return int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[4])
         master, slave = os.openpty()  # O_NOCTTY: not ours yet
@@ -72,7 +74,7 @@ def test_a_terminal_never_becomes_ours() -> None:
         try:
             open_regular(name)
             print("opened")
-        except FileRefused:
+        except Refused:
             print("refused")
         print(tty())
         os.open(name, os.O_RDONLY | os.O_NONBLOCK)  # what a plain open does: the test can tell
@@ -128,21 +130,21 @@ def test_trusted_dir(tmp_path: Path) -> None:
     theirs = base / "theirs"
     theirs.mkdir()
     os.chown(theirs, NOBODY, NOBODY)
-    with pytest.raises(FileRefused, match=f"owned by uid {NOBODY}"):
+    with pytest.raises(Refused, match=f"owned by uid {NOBODY}"):
         trusted_dir(theirs / "cache")
     shared = base / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    with pytest.raises(FileRefused, match="others can write"):
+    with pytest.raises(Refused, match="others can write"):
         trusted_dir(shared / "cache")
     sticky = base / "sticky"
     sticky.mkdir()
     os.chmod(sticky, 0o1777)  # like /tmp: fine above, never as the directory itself
     os.close(trusted_dir(sticky / "cache"))
-    with pytest.raises(FileRefused):
+    with pytest.raises(Refused):
         trusted_dir(sticky)
     (base / "link").symlink_to(base / "a")
-    with pytest.raises(FileRefused, match="symlink"):
+    with pytest.raises(Refused, match="symlink"):
         trusted_dir(base / "link" / "b")
-    with pytest.raises(FileRefused, match="absolute"):
+    with pytest.raises(Refused, match="absolute"):
         trusted_dir("relative/path")

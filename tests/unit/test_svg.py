@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiflame.core.errors import BadInput
 from aiflame.core.model import SEPARATOR, Frame, FrameKind, Profile, Sample
-from aiflame.exporters.base import ExportError, frame_label
+from aiflame.exporters.base import frame_label
 from aiflame.exporters.svg import FONT_SIZE, FONT_WIDTH, FRAME_HEIGHT, XPAD, SvgExporter
 
 K = FrameKind
@@ -323,7 +324,7 @@ def test_empty_stack_counts_in_root_only() -> None:
 
 @pytest.mark.parametrize(("options", "message"), [({"width": 50}, "width"), ({"minwidth": -1.0}, "minwidth")])
 def test_bad_options(options: dict[str, object], message: str) -> None:
-    with pytest.raises(ExportError, match=message):
+    with pytest.raises(BadInput, match=message):
         SvgExporter(**options)  # type: ignore[arg-type]
 
 

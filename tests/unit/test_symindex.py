@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.elf import ElfFile
 from aiflame.symbolize.objfmt.elf_symbols import Symbol
-from aiflame.symbolize.symindex import SymbolIndex, SymbolIndexError
+from aiflame.symbolize.symindex import SymbolIndex
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -55,14 +56,14 @@ def test_libc_names_match_its_symbol_list() -> None:
 @pytest.mark.parametrize("cut", [0, 7, 20, -1])
 def test_truncated_files_are_refused(cut: int) -> None:
     data = SymbolIndex.merged([Symbol(0x1000, 16, "f"), Symbol(0x2000, 8, "g")]).to_bytes()
-    with pytest.raises(SymbolIndexError, match="^symbol index: "):
+    with pytest.raises(Unreadable, match="^symbol index: "):
         SymbolIndex.from_bytes(data[:cut])
 
 
 def test_out_of_order_addresses_are_refused() -> None:
     data = bytearray(SymbolIndex.merged([Symbol(0x1000, 16, "f"), Symbol(0x2000, 8, "g")]).to_bytes())
     data[20:28], data[28:36] = data[28:36], data[20:28]  # swap the two start addresses
-    with pytest.raises(SymbolIndexError, match="out of order"):
+    with pytest.raises(Unreadable, match="out of order"):
         SymbolIndex.from_bytes(bytes(data))
 
 
@@ -70,6 +71,6 @@ def test_out_of_order_addresses_are_refused() -> None:
 def test_any_bytes_read_as_an_index_or_one_error(data: bytes) -> None:
     try:
         index = SymbolIndex.from_bytes(b"AIFLSYM1" + data)
-    except SymbolIndexError:
+    except Unreadable:
         return
     index.find(0x1000)

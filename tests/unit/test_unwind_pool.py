@@ -27,6 +27,7 @@ from aiflame.agent.kernel.unwind import (
     UnwindTables,
     page_index,
 )
+from aiflame.core.errors import Unreadable
 from aiflame.core.raw import Mapping
 from aiflame.symbolize.objfmt.cfi import (
     CFA_RBP,
@@ -36,7 +37,6 @@ from aiflame.symbolize.objfmt.cfi import (
     RBP_UNCHANGED,
     ROW,
     RULE,
-    CfiError,
     CfiStats,
     Rule,
     UnwindTable,
@@ -208,7 +208,7 @@ def test_freed_neighbours_merge(files: Callable[[str], str]) -> None:
 
 
 def test_files_without_a_usable_table_fall_back(files: Callable[[str], str]) -> None:
-    p = make_pool(8, {"huge": table((R1,), 9), "bad": CfiError("bad: CIE pointer outside .eh_frame"),
+    p = make_pool(8, {"huge": table((R1,), 9), "bad": Unreadable("bad: CIE pointer outside .eh_frame"),
                       "ok": table((R1,), 3)})
     huge, bad, ok = files("huge"), files("bad"), files("ok")
     for pid in (1, 2):

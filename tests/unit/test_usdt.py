@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiflame.symbolize.objfmt.usdt import REGISTERS, UsdtArg, UsdtError, parse_args, parse_notes
+from aiflame.core.errors import Unreadable
+from aiflame.symbolize.objfmt.usdt import REGISTERS, UsdtArg, parse_args, parse_notes
 
 
 def _note(pc: int, base: int, sem: int, provider: bytes, name: bytes, args: bytes, owner: bytes = b"stapsdt",
@@ -34,7 +35,7 @@ def test_args() -> None:
 
 @pytest.mark.parametrize("bad", ["3@%rdi", "8@%xmm0", "8@foo(%rip)", "8@(%rax,%rbx,8)", "8@"])
 def test_bad_args(bad: str) -> None:
-    with pytest.raises(UsdtError):
+    with pytest.raises(Unreadable):
         parse_args(bad)
 
 
@@ -50,9 +51,9 @@ def test_notes_and_base_adjustment() -> None:
 
 def test_malformed() -> None:
     good = _note(0x1000, 0x2000, 0, b"p", b"n", b"8@%rdi")
-    with pytest.raises(UsdtError):
+    with pytest.raises(Unreadable):
         parse_notes(good[:-8])
-    with pytest.raises(UsdtError):
+    with pytest.raises(Unreadable):
         parse_notes(struct.pack("<III", 8, 8, 3) + b"stapsdt\0" + bytes(8))
 
 
@@ -60,7 +61,7 @@ def test_malformed() -> None:
 def test_fuzz_never_crashes(data: bytes) -> None:
     try:
         parse_notes(data)
-    except UsdtError:
+    except Unreadable:
         pass
 
 
@@ -68,5 +69,5 @@ def test_fuzz_never_crashes(data: bytes) -> None:
 def test_fuzz_args(text: str) -> None:
     try:
         parse_args(text)
-    except UsdtError:
+    except Unreadable:
         pass

@@ -13,10 +13,11 @@ compiled on first use into the cache directory and called through ctypes), becau
 Tests hold the two to identical rows, rules, stats and error messages.
 `load_or_build` keeps built tables on disk, keyed by build id, and validates them when read back.
 
-Every malformed-input path raises `CfiError` with one line naming the file, the section and the offset.
+Every malformed-input path raises `Unreadable` (core/errors.py) with one line naming the file, the section and
+the offset.
 
 The modules, bottom up:
-- `table`: the layout BPF reads (rule kinds, ROW, RULE), `Rule`, `CfiStats`, `UnwindTable`, `CfiError`;
+- `table`: the layout BPF reads (rule kinds, ROW, RULE), `Rule`, `CfiStats`, `UnwindTable`;
 - `program`: the Python reference's reading primitives (LEB128, DW_EH_PE pointers) and CFA program interpreter;
 - `parse`: the Python reference's walk of the sections: CIE/FDE records, .eh_frame_hdr, FDE selection, packing;
 - `fast`: compiling `cfi_fast.c` and calling it through ctypes;
@@ -48,16 +49,14 @@ from aiflame.symbolize.objfmt.cfi.table import (
     RBP_UNCHANGED,
     ROW,
     RULE,
-    CfiError,
     CfiStats,
     Rule,
     UnwindTable,
 )
 
 __all__ = [
-    "CFA_DEREF_RBP", "CFA_END", "CFA_INVALID", "CFA_KINDS", "CFA_NONE", "CFA_PLT", "CFA_PLT10", "CFA_RBP",
-    "CFA_RSP", "CFA_SIGNAL", "MAX_ROWS", "MAX_RULES", "MAX_STATE_DEPTH", "NOT_COVERED", "RBP_INVALID",
-    "RBP_KINDS", "RBP_OFFSET", "RBP_UNCHANGED", "ROW", "RULE", "CfiError", "CfiStats", "Engine", "FdeRows", "Rule",
-    "UnwindTable", "build_from_sections", "build_table", "cache_path", "decode_table", "encode_table", "fde_rows",
-    "load_or_build",
+    "CFA_DEREF_RBP", "CFA_END", "CFA_INVALID", "CFA_KINDS", "CFA_NONE", "CFA_PLT", "CFA_PLT10", "CFA_RBP", "CFA_RSP",
+    "CFA_SIGNAL", "MAX_ROWS", "MAX_RULES", "MAX_STATE_DEPTH", "NOT_COVERED", "RBP_INVALID", "RBP_KINDS", "RBP_OFFSET",
+    "RBP_UNCHANGED", "ROW", "RULE", "CfiStats", "Engine", "FdeRows", "Rule", "UnwindTable", "build_from_sections",
+    "build_table", "cache_path", "decode_table", "encode_table", "fde_rows", "load_or_build",
 ]

@@ -7,11 +7,11 @@ import os
 from collections.abc import Iterator
 from typing import Literal, NamedTuple
 
-from aiflame.symbolize.errors import SymbolizeError
+from aiflame.core.errors import HostError, Unreadable
 from aiflame.symbolize.objfmt.cfi import fast
 from aiflame.symbolize.objfmt.cfi.parse import _DEBUG, _EH, _SECNAME, _build_py, _fde_signal, _Input, _Parser
-from aiflame.symbolize.objfmt.cfi.program import _Bad, _run
-from aiflame.symbolize.objfmt.cfi.table import MAX_ROWS, CfiError, Rule, UnwindTable
+from aiflame.symbolize.objfmt.cfi.program import _run
+from aiflame.symbolize.objfmt.cfi.table import MAX_ROWS, Rule, UnwindTable
 from aiflame.symbolize.objfmt.elf import ElfFile
 
 _EM_X86_64, _ET_REL, _PT_LOAD, _PF_X, _SHT_NOBITS = 62, 1, 1, 1, 8
@@ -32,17 +32,12 @@ class _Opened:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.label = label = os.path.basename(os.fsdecode(path))
-        try:
-            self.elf = ElfFile.open(path)
-        except CfiError:
-            raise
-        except SymbolizeError as e:
-            raise CfiError(str(e)) from None
+        self.elf = ElfFile.open(path)
         try:
             self.fd = os.open(self.elf.fd_path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             self.elf.close()
-            raise CfiError(f"{label}: {e.strerror or e}") from None
+            raise Unreadable(f"{label}: {e.strerror or e}") from None
         self._inp: _Input | None = None
 
     @property
@@ -54,25 +49,20 @@ class _Opened:
     def _input(self, label: str) -> _Input:
         elf = self.elf
         if elf.machine != _EM_X86_64 or not elf.is64 or not elf.little_endian:
-            raise CfiError(f"{label}: not an x86-64 ELF file")
+            raise Unreadable(f"{label}: not an x86-64 ELF file")
         if int.from_bytes(os.pread(self.fd, 2, 16), "little") == _ET_REL:
-            raise CfiError(f"{label}: relocatable object (addresses are not final)")
-        try:
+            raise Unreadable(f"{label}: relocatable object (addresses are not final)")
 
-            def sec(name: str) -> tuple[bytes, int]:
-                s = elf.section(name)
-                if s is None or s.type == _SHT_NOBITS or not s.size:
-                    return b"", 0
-                return elf.read_section(s), s.addr
+        def sec(name: str) -> tuple[bytes, int]:
+            s = elf.section(name)
+            if s is None or s.type == _SHT_NOBITS or not s.size:
+                return b"", 0
+            return elf.read_section(s), s.addr
 
-            eh, eh_addr = sec(".eh_frame")
-            hdr, hdr_addr = sec(".eh_frame_hdr") if eh else (b"", 0)
-            dsec = elf.dwarf_section("frame")
-            dbg = elf.read_section(dsec) if dsec is not None else b""
-        except CfiError:
-            raise
-        except SymbolizeError as e:
-            raise CfiError(str(e)) from None
+        eh, eh_addr = sec(".eh_frame")
+        hdr, hdr_addr = sec(".eh_frame_hdr") if eh else (b"", 0)
+        dsec = elf.dwarf_section("frame")
+        dbg = elf.read_section(dsec) if dsec is not None else b""
         code = tuple((s.vaddr, s.offset, s.filesz) for s in elf.segments if s.type == _PT_LOAD and s.flags & _PF_X)
         return _Input(label, eh, eh_addr, hdr, hdr_addr, dbg, self.fd, code)
 
@@ -91,8 +81,9 @@ def fde_rows(path: str | os.PathLike[str]) -> Iterator[FdeRows]:
     """Rows of every FDE of .eh_frame (all of them, listed in .eh_frame_hdr or not) and .debug_frame, in
     section order, by the reference interpreter. For tests against other CFI readers."""
     with _Opened(path) as o:
+        inp = o.inp  # its errors name the file already; the parser's below get it put in front
         try:
-            p = _Parser(o.inp)
+            p = _Parser(inp)
             for sec in (_EH, _DEBUG):
                 for off, rec in p.records[sec].items():
                     if rec.is_cie:
@@ -100,12 +91,12 @@ def fde_rows(path: str | os.PathLike[str]) -> Iterator[FdeRows]:
                     f = p.fde(sec, off, rec)
                     rows: list[tuple[int, Rule]] = []
                     try:
-                        _run(p.data[sec], f.prog, f.prog_end, f.cie, rows, f.start, f.end, _fde_signal(o.inp, f))
-                    except _Bad as e:
-                        raise _Bad(f"{_SECNAME[sec]} FDE at 0x{off:x}: {e}") from None
+                        _run(p.data[sec], f.prog, f.prog_end, f.cie, rows, f.start, f.end, _fde_signal(inp, f))
+                    except Unreadable as e:
+                        raise Unreadable(f"{_SECNAME[sec]} FDE at 0x{off:x}: {e}") from None
                     yield FdeRows(_SECNAME[sec], off, f.start, f.end, rows)
-        except _Bad as e:
-            raise CfiError(f"{o.inp.label}: {e}") from None
+        except Unreadable as e:
+            raise Unreadable(f"{inp.label}: {e}") from None
 
 
 Engine = Literal["auto", "c", "python"]
@@ -114,11 +105,11 @@ Engine = Literal["auto", "c", "python"]
 def _build(inp: _Input, engine: Engine) -> UnwindTable:
     lib = None if engine == "python" else fast._fast_lib()
     if lib is None and engine == "c":
-        raise CfiError(f"{inp.label}: the C engine is unavailable ({fast._fast_state.error})")
+        raise HostError(f"{inp.label}: the C engine is unavailable ({fast._fast_state.error})")
     try:
         return _build_py(inp) if lib is None else fast._build_c(lib, inp)
-    except _Bad as e:
-        raise CfiError(f"{inp.label}: {e}") from None
+    except Unreadable as e:
+        raise Unreadable(f"{inp.label}: {e}") from None
 
 
 def build_from_sections(label: str, eh_frame: bytes, eh_frame_addr: int, eh_frame_hdr: bytes = b"",
@@ -133,7 +124,7 @@ def build_from_sections(label: str, eh_frame: bytes, eh_frame_addr: int, eh_fram
 def build_table(path: str | os.PathLike[str], engine: Engine = "auto") -> UnwindTable:
     """The unwind table of the ELF file at `path`, built now (no cache). `engine`: "c" (cfi_fast.c, compiled
     on first use), "python" (the reference), or "auto" (C when a compiler is there, else Python).
-    An x86-64 file without CFI gives an empty table. Raises CfiError."""
+    An x86-64 file without CFI gives an empty table. Raises Unreadable."""
     with _Opened(path) as o:
         return _build(o.inp, engine)
 

@@ -10,7 +10,8 @@ import os
 import struct
 import tempfile
 
-from aiflame.core.safe_files import FileRefused, read_regular
+from aiflame.core.errors import Unreadable
+from aiflame.core.safe_files import read_regular
 from aiflame.symbolize.cache import default_cache_dir
 from aiflame.symbolize.objfmt.cfi.build import Engine, _build, _Opened
 from aiflame.symbolize.objfmt.cfi.fast import _fast_lib, _private_dir
@@ -22,7 +23,6 @@ from aiflame.symbolize.objfmt.cfi.table import (
     RBP_KINDS,
     ROW,
     RULE,
-    CfiError,
     CfiStats,
     Rule,
     UnwindTable,
@@ -117,7 +117,7 @@ def _read_cached(path: str, key: str) -> UnwindTable | None:
         data = read_regular(path, limit, follow=False)
     except FileNotFoundError:
         return None
-    except (OSError, CfiError, FileRefused) as e:
+    except (OSError, Unreadable) as e:  # Refused among them
         log.debug("CFI cache %s ignored: %s", path, e)
         return None
     try:
@@ -137,7 +137,7 @@ def _write_cached(path: str, key: str, table: UnwindTable) -> None:
             f.write(encode_table(key, table))
         os.replace(tmp, path)
         tmp = ""
-    except (OSError, CfiError) as e:
+    except (OSError, Unreadable) as e:
         log.debug("CFI cache %s not written: %s", path, e)
     finally:
         if tmp:

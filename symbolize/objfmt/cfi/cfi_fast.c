@@ -298,7 +298,7 @@ static const uint8_t PLT10[] = {0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3a, 0x2a, 
 static int64_t sat(__int128 v) { return v < INT64_MIN + 1 || v > INT64_MAX ? OFF_BIG : (int64_t)v; }
 static int fits32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
 
-/* LEB128 inside an expression: no error, just "not this form" (the Python side catches its _Bad). */
+/* LEB128 inside an expression: no error, just "not this form" (the Python side catches its Unreadable). */
 static int expr_sleb(const uint8_t *d, uint64_t pos, uint64_t end, int64_t *out, uint64_t *next) {
     uint64_t r = 0;
     unsigned shift = 0;

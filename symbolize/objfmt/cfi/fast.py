@@ -13,11 +13,11 @@ import subprocess
 import tempfile
 import threading
 
-from aiflame.core.safe_files import FileRefused, trusted_dir
+from aiflame.core.errors import AiflameError, HostError, InternalError, Refused, Unreadable
+from aiflame.core.safe_files import trusted_dir
 from aiflame.symbolize.cache import default_cache_dir
 from aiflame.symbolize.objfmt.cfi.parse import _Input
-from aiflame.symbolize.objfmt.cfi.program import _Bad
-from aiflame.symbolize.objfmt.cfi.table import CFA_KINDS, RBP_KINDS, ROW, RULE, CfiError, CfiStats, Rule, UnwindTable
+from aiflame.symbolize.objfmt.cfi.table import CFA_KINDS, RBP_KINDS, ROW, RULE, CfiStats, Rule, UnwindTable
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +62,15 @@ _fast_state = _FastState()
 
 
 def _private_dir(path: str, create: bool = True) -> None:
-    """Create `path` (0700) if needed; CfiError unless only we (and root) can change it or any directory above
+    """Create `path` (0700) if needed; Refused unless only we (and root) can change it or any directory above
     it (core/safe_files.py trusted_dir): we load code from it, and a user who owns a directory on the way (a
     home directory kept by sudo) could otherwise swap in one of theirs. Paths under it are then stable."""
     try:
         os.close(trusted_dir(os.path.abspath(path), create=create, mode=0o700))
-    except FileRefused as e:
-        raise CfiError(f"{path}: not a private directory ({e})") from None
+    except Refused as e:
+        raise Refused(f"{path}: not a private directory ({e})") from None
     except OSError as e:
-        raise CfiError(f"{path}: not a private directory ({e.strerror or e})") from None
+        raise Refused(f"{path}: not a private directory ({e.strerror or e})") from None
 
 
 def _compiled_path(cache_dir: str | None = None) -> str:
@@ -91,7 +91,7 @@ def _compile(so: str) -> None:
                               timeout=120, env=env)
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["?"])[0]
-            raise CfiError(f"cc failed on {_C_SOURCE}: {first}")
+            raise HostError(f"cc failed on {_C_SOURCE}: {first}")
         os.replace(tmp, so)
         tmp = ""
     finally:
@@ -108,7 +108,7 @@ def _load_fast(cache_dir: str | None = None) -> ctypes.CDLL:
         _compile(so)
         st = os.lstat(so)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise CfiError(f"{so}: not a regular file only we can write to")
+        raise Refused(f"{so}: not a regular file only we can write to")
     lib = ctypes.CDLL(so)
     lib.cfi_build.argtypes = [ctypes.POINTER(_CInput), ctypes.POINTER(_CResult)]
     lib.cfi_build.restype = ctypes.c_int
@@ -121,7 +121,7 @@ def _load_fast(cache_dir: str | None = None) -> ctypes.CDLL:
     sizes = (ctypes.c_uint64 * 2)()
     lib.cfi_sizes(sizes)
     if tuple(sizes) != (ctypes.sizeof(_CInput), ctypes.sizeof(_CResult)):
-        raise CfiError(f"{so}: struct sizes {tuple(sizes)} differ from fast.py's")
+        raise InternalError(f"{so}: struct sizes {tuple(sizes)} differ from fast.py's")
     return lib
 
 
@@ -133,7 +133,7 @@ def _fast_lib() -> ctypes.CDLL | None:
             s.tried = True
             try:
                 s.lib = _load_fast()
-            except (OSError, subprocess.SubprocessError, CfiError) as e:
+            except (OSError, subprocess.SubprocessError, AiflameError) as e:
                 s.error = str(e)
                 log.warning("CFI C engine unavailable, using the slower Python one: %s", e)
         return s.lib
@@ -146,7 +146,7 @@ def _build_c(lib: ctypes.CDLL, inp: _Input) -> UnwindTable:
                   inp.fd, len(inp.code), code, inp.max_rows)
     res = _CResult()
     if lib.cfi_build(ctypes.byref(cin), ctypes.byref(res)) != 0:
-        raise _Bad(res.error.decode("utf-8", "replace"))
+        raise Unreadable(res.error.decode("utf-8", "replace"))
     try:
         rows = ctypes.string_at(res.rows, res.nrows * ROW.size) if res.nrows else b""
         packed = ctypes.string_at(res.rules, res.nrules * RULE.size)

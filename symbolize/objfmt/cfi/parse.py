@@ -8,12 +8,12 @@ import bisect
 import os
 from typing import NamedTuple
 
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.cfi.program import (
     _NO_STATE,
     _PE_FORMATS,
     _PE_OMIT,
     _REG_RA,
-    _Bad,
     _Cie,
     _encoded,
     _fixed,
@@ -75,7 +75,7 @@ def _walk(d: bytes, sec: int) -> dict[int, _Record]:
         if pos + 4 > n:
             if not any(d[pos:]):
                 break  # zero padding after the last record
-            raise _Bad(f"{name}: truncated record at 0x{pos:x}")
+            raise Unreadable(f"{name}: truncated record at 0x{pos:x}")
         length = int.from_bytes(d[pos : pos + 4], "little")
         if length == 0:
             pos += 4
@@ -83,14 +83,14 @@ def _walk(d: bytes, sec: int) -> dict[int, _Record]:
         idsize, head = 4, 4
         if length == 0xFFFFFFFF:
             if pos + 12 > n:
-                raise _Bad(f"{name}: truncated record at 0x{pos:x}")
+                raise Unreadable(f"{name}: truncated record at 0x{pos:x}")
             length = int.from_bytes(d[pos + 4 : pos + 12], "little")
             idsize, head = 8, 12
         elif length >= 0xFFFFFFF0:
-            raise _Bad(f"{name}: reserved length 0x{length:x} at 0x{pos:x}")
+            raise Unreadable(f"{name}: reserved length 0x{length:x} at 0x{pos:x}")
         end = pos + head + length
         if end > n or length < idsize:
-            raise _Bad(f"{name}: record at 0x{pos:x} runs past the end of the section")
+            raise Unreadable(f"{name}: record at 0x{pos:x} runs past the end of the section")
         id_pos = pos + head
         ident = int.from_bytes(d[id_pos : id_pos + idsize], "little")
         is_cie = ident == 0 if sec == _EH else ident == (1 << (8 * idsize)) - 1
@@ -135,7 +135,7 @@ class _Parser:
         if cie is None:
             rec = self.records[sec].get(off)
             if rec is None or not rec.is_cie:
-                raise _Bad(f"{_SECNAME[sec]} FDE at 0x{fde_off:x}: CIE pointer 0x{off:x} is not a CIE")
+                raise Unreadable(f"{_SECNAME[sec]} FDE at 0x{fde_off:x}: CIE pointer 0x{off:x} is not a CIE")
             cie = self.cies[key] = self._parse_cie(sec, off, rec)
         return cie
 
@@ -145,21 +145,21 @@ class _Parser:
         pos = rec.body
         try:
             if pos >= end:
-                raise _Bad("truncated")
+                raise Unreadable("truncated")
             version = d[pos]
             pos += 1
             if version not in (1, 3, 4):
-                raise _Bad(f"unsupported version {version}")
+                raise Unreadable(f"unsupported version {version}")
             nul = d.find(b"\0", pos, end)
             if nul < 0:
-                raise _Bad("unterminated augmentation string")
+                raise Unreadable("unterminated augmentation string")
             aug = d[pos:nul]
             pos = nul + 1
             if version == 4:
                 if pos + 2 > end:
-                    raise _Bad("truncated")
+                    raise Unreadable("truncated")
                 if d[pos] != 8 or d[pos + 1] != 0:
-                    raise _Bad(f"address size {d[pos]}, segment size {d[pos + 1]}")
+                    raise Unreadable(f"address size {d[pos]}, segment size {d[pos + 1]}")
                 pos += 2
             caf, pos = _uleb(d, pos, end)
             daf, pos = _sleb(d, pos, end)
@@ -168,13 +168,13 @@ class _Parser:
             else:
                 ra, pos = _uleb(d, pos, end)
             if ra != _REG_RA:
-                raise _Bad(f"return address column {ra} is not 16 (rip)")
+                raise Unreadable(f"return address column {ra} is not 16 (rip)")
             fde_enc, signal, has_z = 0, False, aug[:1] == b"z"
             if has_z:
                 alen, pos = _uleb(d, pos, end)
                 aend = pos + alen
                 if aend > end:
-                    raise _Bad("augmentation data runs past the end")
+                    raise Unreadable("augmentation data runs past the end")
                 for ch in aug[1:]:
                     if ch == 0x52:  # R: FDE pointer encoding
                         fde_enc, pos = _fixed(d, pos, aend, 1, False)
@@ -193,11 +193,11 @@ class _Parser:
                     if ch == 0x53:
                         signal = True
                     elif ch not in (0x42, 0x47):
-                        raise _Bad(f'unsupported augmentation "{_printable(aug)}"')
+                        raise Unreadable(f'unsupported augmentation "{_printable(aug)}"')
             proto = _Cie(caf, daf, fde_enc, has_z, signal, _NO_STATE)
             state, _ = _run(d, pos, end, proto, None)
-        except _Bad as e:
-            raise _Bad(f"{where}: {e}") from None
+        except Unreadable as e:
+            raise Unreadable(f"{where}: {e}") from None
         return proto._replace(state=state)
 
     def fde(self, sec: int, off: int, rec: _Record) -> _Fde:
@@ -205,7 +205,7 @@ class _Parser:
         if sec == _EH:
             cie_off = rec.id_pos - rec.ident
             if cie_off < 0:
-                raise _Bad(f".eh_frame FDE at 0x{off:x}: CIE pointer 0x{rec.ident:x} points before the section")
+                raise Unreadable(f".eh_frame FDE at 0x{off:x}: CIE pointer 0x{rec.ident:x} points before the section")
         else:
             cie_off = rec.ident
         cie = self.cie(sec, cie_off, off)
@@ -221,11 +221,11 @@ class _Parser:
                 alen, pos = _uleb(d, pos, end)
                 pos += alen
                 if pos > end:
-                    raise _Bad("augmentation data runs past the end")
+                    raise Unreadable("augmentation data runs past the end")
             if start + length > _U64:
-                raise _Bad(f"range 0x{start:x}+0x{length:x} wraps around")
-        except _Bad as e:
-            raise _Bad(f"{_SECNAME[sec]} FDE at 0x{off:x}: {e}") from None
+                raise Unreadable(f"range 0x{start:x}+0x{length:x} wraps around")
+        except Unreadable as e:
+            raise Unreadable(f"{_SECNAME[sec]} FDE at 0x{off:x}: {e}") from None
         return _Fde(start, start + length, sec, off, pos, end, cie)
 
 
@@ -238,15 +238,15 @@ def _hdr_entries(inp: _Input) -> list[tuple[int, int]] | None:
     try:
         eh_ptr, pos = _encoded(d, 4, len(d), ptr_enc, inp.hdr_addr, inp.hdr_addr, False)
         if eh_ptr != inp.eh_addr:
-            raise _Bad(f"points at 0x{eh_ptr:x}, not at .eh_frame (0x{inp.eh_addr:x})")
+            raise Unreadable(f"points at 0x{eh_ptr:x}, not at .eh_frame (0x{inp.eh_addr:x})")
         if count_enc == _PE_OMIT or table_enc == _PE_OMIT:
             return None
         count, pos = _encoded(d, pos, len(d), count_enc, inp.hdr_addr, inp.hdr_addr, False)
         fmt = _PE_FORMATS.get(table_enc & 0x0F)
         if fmt is None or fmt[0] == 0:
-            raise _Bad(f"unsupported table encoding 0x{table_enc:02x}")
+            raise Unreadable(f"unsupported table encoding 0x{table_enc:02x}")
         if count * 2 * fmt[0] > len(d) - pos:
-            raise _Bad(f"claims {count} FDEs, more than it holds")
+            raise Unreadable(f"claims {count} FDEs, more than it holds")
         if table_enc == 0x3B:  # datarel sdata4: what every linker writes
             base = inp.hdr_addr
             raw = memoryview(d)[pos : pos + 8 * count].cast("i")
@@ -257,8 +257,8 @@ def _hdr_entries(inp: _Input) -> list[tuple[int, int]] | None:
             fde, pos = _encoded(d, pos, len(d), table_enc, inp.hdr_addr, inp.hdr_addr, False)
             out.append((loc, fde))
         return out
-    except _Bad as e:
-        raise _Bad(f".eh_frame_hdr: {e}") from None
+    except Unreadable as e:
+        raise Unreadable(f".eh_frame_hdr: {e}") from None
 
 
 def _collect(p: _Parser) -> tuple[list[_Fde], str]:
@@ -276,13 +276,13 @@ def _collect(p: _Parser) -> tuple[list[_Fde], str]:
             off = addr - inp.eh_addr
             rec = eh_recs.get(off)
             if rec is None or rec.is_cie:
-                raise _Bad(f".eh_frame_hdr: entry {i} points at 0x{addr:x}, not at an FDE")
+                raise Unreadable(f".eh_frame_hdr: entry {i} points at 0x{addr:x}, not at an FDE")
             if off in seen:
                 continue
             seen.add(off)
             f = p.fde(_EH, off, rec)
             if f.start != loc:
-                raise _Bad(f".eh_frame_hdr: entry {i} says 0x{loc:x}, its FDE at 0x{off:x} says 0x{f.start:x}")
+                raise Unreadable(f".eh_frame_hdr: entry {i} says 0x{loc:x}, its FDE at 0x{off:x} says 0x{f.start:x}")
             fdes.append(f)
     elif inp.eh:
         source = "eh_frame"
@@ -361,7 +361,7 @@ def _build_py(inp: _Input) -> UnwindTable:
     def emit(pc: int, idx: int) -> None:
         nonlocal last
         if len(out) >= inp.max_rows * ROW.size:
-            raise _Bad(f"more than {inp.max_rows} rows")
+            raise Unreadable(f"more than {inp.max_rows} rows")
         out.extend(ROW.pack(pc, idx, 0))
         r = rules[idx]
         cfa_kinds[r.cfa_type] += 1
@@ -371,19 +371,19 @@ def _build_py(inp: _Input) -> UnwindTable:
     for i, f in enumerate(taken):
         where = f"{_SECNAME[f.sec]} FDE at 0x{f.offset:x}"
         if f.end > _MAX_PC:
-            raise _Bad(f"{where} covers 0x{f.start:x}..0x{f.end:x}, above 4 GiB")
+            raise Unreadable(f"{where} covers 0x{f.start:x}..0x{f.end:x}, above 4 GiB")
         frows: list[tuple[int, Rule]] = []
         try:
             _, visited = _run(p.data[f.sec], f.prog, f.prog_end, f.cie, frows, f.start, f.end, _fde_signal(inp, f))
-        except _Bad as e:
-            raise _Bad(f"{where}: {e}") from None
+        except Unreadable as e:
+            raise Unreadable(f"{where}: {e}") from None
         rows_raw += visited
         covered += f.end - f.start
         for loc, r in frows:
             idx = index.get(r)
             if idx is None:
                 if len(rules) >= MAX_RULES:
-                    raise _Bad(f"more than {MAX_RULES} distinct rules")
+                    raise Unreadable(f"more than {MAX_RULES} distinct rules")
                 idx = index[r] = len(rules)
                 rules.append(r)
             if idx != last:

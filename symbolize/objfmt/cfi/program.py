@@ -1,11 +1,13 @@
 """The Python reference's reading of CFI bytes: LEB128 numbers and DW_EH_PE pointers, and the CFA program (the
-DW_CFA_* instructions of CIEs and FDEs) interpreted into table rules. cfi_fast.c does the same step for step."""
+DW_CFA_* instructions of CIEs and FDEs) interpreted into table rules. cfi_fast.c does the same step for step.
+Malformed bytes raise Unreadable saying what and at which offset; the callers up the way put the FDE, the section
+and the file in front (parse.py, build.py)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from aiflame.core.errors import BadInput
+from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.cfi.table import (
     _END,
     _INVALID,
@@ -29,18 +31,14 @@ from aiflame.symbolize.objfmt.cfi.table import (
 # --- reading primitives -----------------------------------------------------------------------------------
 
 
-class _Bad(BadInput):
-    """Raised deep in the parser; turned into CfiError with the file name at the top."""
-
-
 def _leb(d: bytes, pos: int, end: int, signed: bool) -> tuple[int, int]:
     """A LEB128 value at `pos` (at most 10 bytes, as a 64-bit value) and the position after it."""
     result = shift = 0
     while True:
         if pos >= end:
-            raise _Bad(f"truncated LEB128 at 0x{pos:x}")
+            raise Unreadable(f"truncated LEB128 at 0x{pos:x}")
         if shift >= 70:
-            raise _Bad(f"LEB128 longer than 10 bytes at 0x{pos:x}")
+            raise Unreadable(f"LEB128 longer than 10 bytes at 0x{pos:x}")
         b = d[pos]
         pos += 1
         result |= (b & 0x7F) << shift
@@ -64,7 +62,7 @@ def _sleb(d: bytes, pos: int, end: int) -> tuple[int, int]:
 
 def _fixed(d: bytes, pos: int, end: int, n: int, signed: bool) -> tuple[int, int]:
     if pos + n > end:
-        raise _Bad(f"truncated value at 0x{pos:x}")
+        raise Unreadable(f"truncated value at 0x{pos:x}")
     return int.from_bytes(d[pos : pos + n], "little", signed=signed), pos + n
 
 
@@ -80,9 +78,9 @@ def _encoded(d: bytes, pos: int, end: int, enc: int, pc_base: int, data_base: in
     fmt = _PE_FORMATS.get(enc & 0x0F)
     app = enc & 0x70
     if fmt is None:
-        raise _Bad(f"unsupported pointer encoding 0x{enc:02x}")
+        raise Unreadable(f"unsupported pointer encoding 0x{enc:02x}")
     if enc & _PE_INDIRECT and not allow_indirect:
-        raise _Bad(f"indirect pointer encoding 0x{enc:02x} where an address is needed")
+        raise Unreadable(f"indirect pointer encoding 0x{enc:02x} where an address is needed")
     start = pos
     size, signed = fmt
     if size:
@@ -94,7 +92,7 @@ def _encoded(d: bytes, pos: int, end: int, enc: int, pc_base: int, data_base: in
     elif app == _PE_DATAREL and data_base is not None:
         v += data_base
     elif app:
-        raise _Bad(f"unsupported pointer encoding 0x{enc:02x}")
+        raise Unreadable(f"unsupported pointer encoding 0x{enc:02x}")
     return v & _U64, pos
 
 
@@ -150,7 +148,7 @@ def _classify_expr(e: bytes) -> tuple[int, int]:
         # DW_OP_breg6 N; DW_OP_deref: a stack-realigning prologue saved the CFA at rbp+N.
         try:
             off, pos = _sleb(e, 1, len(e) - 1)
-        except _Bad:
+        except Unreadable:
             return CFA_INVALID, 0
         if pos == len(e) - 1:
             return CFA_DEREF_RBP, off
@@ -227,9 +225,9 @@ def _run(d: bytes, pos: int, end: int, cie: _Cie, rows: list[tuple[int, Rule]] |
             new = to
         # only the advances get here: the row up to `new` is complete
         if rows is None:
-            raise _Bad("advance in CIE initial instructions")
+            raise Unreadable("advance in CIE initial instructions")
         if new > stop or new < loc:
-            raise _Bad(f"advance leaves the FDE range 0x{start:x}..0x{stop:x}")
+            raise Unreadable(f"advance leaves the FDE range 0x{start:x}..0x{stop:x}")
         if new != loc:
             r = _rule(_State(cfa_reg, cfa_off, cfa_expr, rbp_k, rbp_off, ra_k, ra_off), signal)
             if r != last:
@@ -252,11 +250,11 @@ def _other(d: bytes, pos: int, end: int, op: int, cie: _Cie, loc: int, s: _State
     it, and the location it advances to (None when it does not advance). `stack`: the remembered states."""
     if op == 0x0A:  # remember_state
         if len(stack) >= MAX_STATE_DEPTH:
-            raise _Bad(f"remember_state nested deeper than {MAX_STATE_DEPTH}")
+            raise Unreadable(f"remember_state nested deeper than {MAX_STATE_DEPTH}")
         stack.append(s)
     elif op == 0x0B:  # restore_state
         if not stack:
-            raise _Bad("restore_state without remember_state")
+            raise Unreadable("restore_state without remember_state")
         s = stack.pop()
     elif op in _CFA_OPS:
         pos, s = _cfa_op(d, pos, end, op, cie.daf, s)
@@ -267,13 +265,13 @@ def _other(d: bytes, pos: int, end: int, op: int, cie: _Cie, loc: int, s: _State
     elif op == 0x01:  # set_loc
         v, pos = _encoded(d, pos, end, cie.fde_enc, 0, None, False)
         if cie.fde_enc & 0x70 == _PE_PCREL:
-            raise _Bad("pc-relative DW_CFA_set_loc")
+            raise Unreadable("pc-relative DW_CFA_set_loc")
         return pos, s, v
     elif op == 0x1D:  # MIPS_advance_loc8
         v, pos = _fixed(d, pos, end, 8, False)
         return pos, s, loc + v * cie.caf
     elif op != 0x2D:  # GNU_window_save: SPARC/AArch64 only, no operands
-        raise _Bad(f"unknown CFA instruction 0x{op:02x} at 0x{pos - 1:x}")
+        raise Unreadable(f"unknown CFA instruction 0x{op:02x} at 0x{pos - 1:x}")
     return pos, s, None
 
 
@@ -300,7 +298,7 @@ def _cfa_op(d: bytes, pos: int, end: int, op: int, daf: int, s: _State) -> tuple
     # def_cfa_expression
     n, pos = _uleb(d, pos, end)
     if pos + n > end:
-        raise _Bad(f"expression runs past the end at 0x{pos:x}")
+        raise Unreadable(f"expression runs past the end at 0x{pos:x}")
     return pos + n, s._replace(cfa_expr=d[pos : pos + n])
 
 
@@ -331,7 +329,7 @@ def _reg_op(d: bytes, pos: int, end: int, op: int, cie: _Cie, s: _State) -> tupl
     elif op == 0x10 or op == 0x16:  # expression, val_expression
         n, pos = _uleb(d, pos, end)
         if pos + n > end:
-            raise _Bad(f"expression runs past the end at 0x{pos:x}")
+            raise Unreadable(f"expression runs past the end at 0x{pos:x}")
         pos += n
         kind, off = _R_OTHER, 0
     else:  # register, val_offset (uleb), val_offset_sf (sleb)

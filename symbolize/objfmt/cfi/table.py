@@ -1,6 +1,5 @@
 """The unwind table BPF reads: the rule kinds and the row and rule layouts (shared with bpf/unwind.h, which a
-test keeps equal), `Rule`, `CfiStats` and `UnwindTable`, and `CfiError`. The package docstring describes the
-table as a whole."""
+test keeps equal), `Rule`, `CfiStats` and `UnwindTable`. The package docstring describes the table as a whole."""
 
 from __future__ import annotations
 
@@ -9,8 +8,6 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
-
-from aiflame.symbolize.errors import SymbolizeError
 
 # --- the layout BPF reads ---------------------------------------------------------------------------------
 
@@ -41,10 +38,6 @@ MAX_STATE_DEPTH = 64  # DW_CFA_remember_state nesting; compilers use 1 or 2
 _MAX_PC = 0xFFFFFFFF  # rows hold u32 addresses
 _S32_MIN, _S32_MAX = -(1 << 31), (1 << 31) - 1
 _U64 = (1 << 64) - 1
-
-
-class CfiError(SymbolizeError):
-    """The CFI of a file cannot be turned into a table; the message is one line naming the file and why."""
 
 
 class Rule(NamedTuple):
