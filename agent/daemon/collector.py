@@ -101,8 +101,9 @@ class Collector:
         return len(probes.attached) if probes else 0
 
     def samples(self, pid: int) -> bool:
-        """Whether `pid` is sampled already (added, or a child followed since its parent was)."""
-        return pid in self.pipeline.processes.snaps
+        """Whether `pid` is sampled already (added, or a child followed since its parent was): known here, or in
+        BPF's maps, which take a child at its fork, before its records are drained (a fork flood on a busy host)."""
+        return pid in self.pipeline.processes.snaps or self.sampler.followed(pid)
 
     def add_target(self, pid: int) -> bool:
         """Start sampling `pid` (and the children it forks from now on); False when BPF has no room for it (its

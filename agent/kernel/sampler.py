@@ -358,6 +358,11 @@ class CpuSampler:
         self._set_target_flags(pid, TargetFlag.ON)
         self._bpf.maps["py_procs"].delete(_U32.pack(pid))
 
+    def followed(self, pid: int) -> bool:
+        """Whether BPF samples `pid`: added, or a child it followed at its fork (before any record of it is read)."""
+        maps = self._bpf.maps
+        return any(maps[name].lookup(_U32.pack(pid)) is not None for name in ("targets", "children"))
+
     def targets(self) -> list[int]:
         """The processes sampled now: those added, and the children BPF followed."""
         maps = self._bpf.maps
