@@ -7,24 +7,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
-from aiflame.core.raw import Capture, RawEvent
+from aiflame.core.raw import RawEvent
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
 
 _KINDS = {k.value: k for k in EventKind}
 
 
-def ranks(cap: Capture) -> dict[int, tuple[int, int]]:
+def ranks(events: Sequence[RawEvent]) -> dict[int, tuple[int, int]]:
     """pid -> (rank, world size), from the first event of the pid that says both."""
     out: dict[int, tuple[int, int]] = {}
-    for e in cap.events:
+    for e in events:
         if e.pid not in out and "rank" in e.args and e.args.get("world_size", 0) > 0:
             out[e.pid] = (e.args["rank"], e.args["world_size"])
     return out
 
 
-def _registered_names(cap: Capture) -> dict[tuple[int, int], str]:
+def _registered_names(events: Sequence[RawEvent]) -> dict[tuple[int, int], str]:
     """(pid, host stub) -> device function name, from kernel registrations."""
-    return {(e.pid, e.args["func"]): e.strs["name"] for e in cap.events
+    return {(e.pid, e.args["func"]): e.strs["name"] for e in events
             if e.kind == "meta" and "func" in e.args and "name" in e.strs}
 
 
@@ -48,13 +48,14 @@ def _kernel_name(e: RawEvent, func_frame: Frame | None, registered: dict[tuple[i
 UNSAMPLED_LAUNCH = Frame("[launch stack not sampled]", FrameKind.UNKNOWN)
 
 
-def trace_events(cap: Capture, stacks: Sequence[Stack], kernel_frames: Sequence[Frame | None]) -> list[TraceEvent]:
-    """TraceEvents for the capture's non-meta events. `stacks[i]` is the symbolized stack of cap.events[i],
+def trace_events(events: Sequence[RawEvent], stacks: Sequence[Stack], kernel_frames: Sequence[Frame | None]
+                 ) -> list[TraceEvent]:
+    """TraceEvents for a capture's non-meta `events`. `stacks[i]` is the symbolized stack of events[i],
     `kernel_frames[i]` the frame its host address "func" names (None: it has none, or it lies in no mapping)."""
-    registered = _registered_names(cap)
-    pid_ranks = ranks(cap)
+    registered = _registered_names(events)
+    pid_ranks = ranks(events)
     out: list[TraceEvent] = []
-    for i, (e, stack, kernel_frame) in enumerate(zip(cap.events, stacks, kernel_frames, strict=True)):
+    for i, (e, stack, kernel_frame) in enumerate(zip(events, stacks, kernel_frames, strict=True)):
         if e.kind == "meta":
             continue
         kind = _KINDS.get(e.kind, EventKind.OTHER)

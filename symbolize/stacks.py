@@ -110,7 +110,8 @@ def symbolize_capture(
                                          "start_wall_ns": str(cap.header.start_wall_ns),
                                          "boot_id": cap.header.meta.get("boot_id", "")})
     # Pass 2: the stacks, root -> leaf.
-    builder = _StackBuilder(cap, opts, names, {pid: idx.comm for pid, idx in index.items()}, prof.counters)
+    builder = _StackBuilder(opts, names, {pid: idx.comm for pid, idx in index.items()}, cap.kernel_symbols,
+                            PythonNames(cap.py_codes, cap.py_runtimes), prof.counters)
     _add_samples(prof, cap.samples, sample_chains, builder)
     event_stacks = [builder.event(e, chain) for e, chain in zip(cap.events, event_chains, strict=True)]
     stops, worst = unwind_report((s for s in cap.samples if not s.off_cpu_ns),
@@ -118,7 +119,8 @@ def symbolize_capture(
     prof.counters.update(stops)
     if worst:
         prof.meta["unwind_worst"] = worst
-    prof.events = trace_events(cap, event_stacks, [_frame_at(*hit, names) if hit else None for hit in kernel_hits])
+    kernel_frames = [_frame_at(*hit, names) if hit else None for hit in kernel_hits]
+    prof.events = trace_events(cap.events, event_stacks, kernel_frames)
     if cap.footer:
         for k, v in cap.footer.counters.items():
             prof.counters[k] = prof.counters.get(k, 0) + v
@@ -211,14 +213,14 @@ class _StackBuilder:
     replayed into `counters` each time. A key holds all a build reads: the chain's resolution stands for the user
     addresses and the snapshot in force, the code epoch for the time Python frames are named at."""
 
-    def __init__(self, cap: Capture, opts: StackOptions, names: dict[tuple[str, str], dict[int, Frame]],
-                 comms: dict[int, str], counters: dict[str, int]) -> None:
-        self.cap = cap
+    def __init__(self, opts: StackOptions, names: dict[tuple[str, str], dict[int, Frame]], comms: dict[int, str],
+                 kernel_symbols: dict[int, str], pynames: PythonNames, counters: dict[str, int]) -> None:
         self.opts = opts
         self.names = names  # (path, build id) -> file offset -> frame
         self.comms = comms  # pid -> the command its snapshots name
+        self.kernel_symbols = kernel_symbols  # kernel address -> name
+        self.pynames = pynames
         self.counters = counters
-        self.pynames = PythonNames(cap)
         self.kcache: dict[int, Frame] = {}
         self._who = opts.group in ("process", "thread")
         self._thread = opts.group == "thread"
@@ -264,7 +266,7 @@ class _StackBuilder:
             for addr in reversed(s.kern):
                 f = kcache.get(addr)
                 if f is None:
-                    name = self.cap.kernel_symbols.get(addr)
+                    name = self.kernel_symbols.get(addr)
                     f = Frame(name, FrameKind.KERNEL, module="[kernel]") if name else UNKNOWN_KERNEL
                     kcache[addr] = f
                 frames.append(f)

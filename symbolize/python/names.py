@@ -6,9 +6,10 @@ from __future__ import annotations
 import bisect
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 
 from aiflame.core.model import Frame, FrameKind
-from aiflame.core.raw import Capture, PyCode, PyFlag, RawPyFrame, ThreadStack
+from aiflame.core.raw import PyCode, PyFlag, PyRuntimeInfo, RawPyFrame, ThreadStack
 from aiflame.core.unwind import END as UNWIND_END
 from aiflame.core.unwind import stop_of
 from aiflame.symbolize.python.code import line_for
@@ -20,11 +21,11 @@ TRUNCATED = Frame("[truncated python stack]", FrameKind.UNKNOWN)
 class PythonNames:
     """Names Python frames from the code objects the capture recorded, and merges them with native frames."""
 
-    def __init__(self, cap: Capture) -> None:
+    def __init__(self, py_codes: Iterable[PyCode], py_runtimes: Iterable[PyRuntimeInfo]) -> None:
         from aiflame.core.python_layouts import layout_for
 
         self.codes: dict[tuple[int, int], list[PyCode]] = defaultdict(list)
-        for c in cap.py_codes:
+        for c in py_codes:
             self.codes[(c.pid, c.addr)].append(c)
         # Per pid, when an address got its 2nd, 3rd... code object: names depend on a sample's time only by
         # how many of these precede it.
@@ -36,7 +37,7 @@ class PythonNames:
         self.version: dict[int, tuple[int, int]] = {}
         self.owner_cstack: dict[int, int] = {}
         self.interpreter: dict[int, str] = {}  # the module (Frame.module) of the ELF file running the interpreter
-        for r in cap.py_runtimes:
+        for r in py_runtimes:
             self.interpreter[r.pid] = os.path.basename(r.binary.removesuffix(" (deleted)"))
             parts = r.version.split(".")
             v = (int(parts[0]), int(parts[1]))

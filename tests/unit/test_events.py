@@ -56,7 +56,7 @@ def test_trace_events_named_ranked_and_meta_dropped() -> None:
     assert prof.events[0].duration_ns == 50
     assert [e.rank for e in prof.events] == [-1, -1, -1, 1]
     assert prof.events[2].args["direction"] == "HtoD"
-    assert ranks(_capture()) == {20: (1, 2)}
+    assert ranks(_capture().events) == {20: (1, 2)}
 
 
 def test_launch_view_is_stack_separator_kernel() -> None:
