@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class PyFlag(enum.IntFlag):
@@ -28,6 +29,26 @@ class RawPyFrame:
     instr: int  # 3.10: f_lasti; 3.11+: instruction pointer minus code address, in bytes
     owner: int = 0
     is_entry: int = 0
+
+
+class ThreadStack(Protocol):
+    """A user stack taken in a thread at a time: what a CPU sample and a runtime event have in common, so that one
+    piece of symbolization locates and names both (RawSample and RawEvent are each one)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def tid(self) -> int: ...
+    @property
+    def time_ns(self) -> int: ...  # CLOCK_MONOTONIC: which mappings and code objects were in force
+    @property
+    def user(self) -> tuple[int, ...]: ...  # leaf first
+    @property
+    def user_err(self) -> int: ...  # negative errno when the user stack lookup failed
+    @property
+    def py(self) -> tuple[RawPyFrame, ...]: ...  # newest first
+    @property
+    def py_flags(self) -> int: ...  # PyFlag bits
 
 
 @dataclass(slots=True)
@@ -138,6 +159,11 @@ class RawEvent:
     py_flags: int = 0
     args: dict[str, int] = field(default_factory=dict)
     strs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def time_ns(self) -> int:
+        """When its stack was taken (a ThreadStack's time): at the call."""
+        return self.start_ns
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,25 +4,27 @@ are kernel launches, `<CPU stack> ; - ; <kernel>`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aiflame.core.model import SEPARATOR, EventKind, Frame, FrameKind, Profile, Sample, Stack, TraceEvent
-from aiflame.core.raw import Capture, RawEvent
+from aiflame.core.raw import RawEvent
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
 
 _KINDS = {k.value: k for k in EventKind}
 
 
-def ranks(cap: Capture) -> dict[int, tuple[int, int]]:
+def ranks(events: Sequence[RawEvent]) -> dict[int, tuple[int, int]]:
     """pid -> (rank, world size), from the first event of the pid that says both."""
     out: dict[int, tuple[int, int]] = {}
-    for e in cap.events:
+    for e in events:
         if e.pid not in out and "rank" in e.args and e.args.get("world_size", 0) > 0:
             out[e.pid] = (e.args["rank"], e.args["world_size"])
     return out
 
 
-def _registered_names(cap: Capture) -> dict[tuple[int, int], str]:
+def _registered_names(events: Sequence[RawEvent]) -> dict[tuple[int, int], str]:
     """(pid, host stub) -> device function name, from kernel registrations."""
-    return {(e.pid, e.args["func"]): e.strs["name"] for e in cap.events
+    return {(e.pid, e.args["func"]): e.strs["name"] for e in events
             if e.kind == "meta" and "func" in e.args and "name" in e.strs}
 
 
@@ -46,24 +48,22 @@ def _kernel_name(e: RawEvent, func_frame: Frame | None, registered: dict[tuple[i
 UNSAMPLED_LAUNCH = Frame("[launch stack not sampled]", FrameKind.UNKNOWN)
 
 
-def trace_events(cap: Capture, stacks: list[Stack], func_frames: list[Frame | None]) -> list[TraceEvent]:
-    """TraceEvents for the capture's non-meta events. `stacks[i]` is the symbolized stack of cap.events[i];
-    `func_frames` names each event with a "func" address, in order."""
-    registered = _registered_names(cap)
-    pid_ranks = ranks(cap)
+def trace_events(events: Sequence[RawEvent], stacks: Sequence[Stack], kernel_frames: Sequence[Frame | None]
+                 ) -> list[TraceEvent]:
+    """TraceEvents for a capture's non-meta `events`. `stacks[i]` is the symbolized stack of events[i],
+    `kernel_frames[i]` the frame its host address "func" names (None: it has none, or it lies in no mapping)."""
+    registered = _registered_names(events)
+    pid_ranks = ranks(events)
     out: list[TraceEvent] = []
-    funcs = iter(func_frames)
-    for i, e in enumerate(cap.events):
-        func_frame = next(funcs, None) if e.args.get("func") else None
+    for i, (e, stack, kernel_frame) in enumerate(zip(events, stacks, kernel_frames, strict=True)):
         if e.kind == "meta":
             continue
         kind = _KINDS.get(e.kind, EventKind.OTHER)
-        name = _kernel_name(e, func_frame, registered) if kind == EventKind.COMPUTE else e.strs.get("name", e.call)
+        name = _kernel_name(e, kernel_frame, registered) if kind == EventKind.COMPUTE else e.strs.get("name", e.call)
         rank = e.args.get("rank", pid_ranks.get(e.pid, (-1, 0))[0])
         args: dict[str, int | float | str] = {"runtime": e.runtime, "call": e.call}
         args.update(e.args)
         args.update(e.strs)
-        stack = stacks[i] if i < len(stacks) else ()
         if e.args.get("stackless"):
             stack = (UNSAMPLED_LAUNCH,)
         out.append(TraceEvent(

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from aiflame.core.capture import read_capture, write_capture
-from aiflame.core.model import EventKind, FrameKind
-from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, GpuCode, RawEvent, RawPyFrame
+from aiflame.core.model import EventKind, Frame, FrameKind
+from aiflame.core.raw import (
+    Capture,
+    CaptureFooter,
+    CaptureHeader,
+    GpuCode,
+    Mapping,
+    ProcessSnapshot,
+    RawEvent,
+    RawPyFrame,
+)
 from aiflame.symbolize.events import launch_profile, ranks
+from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 
 
@@ -46,7 +57,7 @@ def test_trace_events_named_ranked_and_meta_dropped() -> None:
     assert prof.events[0].duration_ns == 50
     assert [e.rank for e in prof.events] == [-1, -1, -1, 1]
     assert prof.events[2].args["direction"] == "HtoD"
-    assert ranks(_capture()) == {20: (1, 2)}
+    assert ranks(_capture().events) == {20: (1, 2)}
 
 
 def test_launch_view_is_stack_separator_kernel() -> None:
@@ -60,3 +71,25 @@ def test_launch_view_is_stack_separator_kernel() -> None:
     assert stack[-1].name == "scale"
     # no mappings in this capture: the stack is kept, as one unnamed frame (an unmapped address ends a chain)
     assert [f.kind for f in stack[:-2]] == [FrameKind.UNKNOWN]
+
+
+class _StubNames(NativeSymbolizer):
+    """/fake/app's function `scale_stub` at file offset 0x100 only (0xff would be the look-up of a return address)."""
+
+    def symbolize(self, path: str, build_id: str | None, file_offsets: Iterable[int]) -> dict[int, Frame]:
+        return {off: Frame("scale_stub", module="app") for off in file_offsets if (path, off) == ("/fake/app", 0x100)}
+
+
+def test_a_kernel_is_named_by_its_host_address() -> None:
+    """A launch's `func` is looked up as the address it is (not as a return address) in the mappings of its time;
+    one in no file (or none) is named by its registration, else by the address."""
+    cap = Capture(CaptureHeader(1, target="test"))
+    cap.processes = [ProcessSnapshot(10, 0, [Mapping(0x1000, 0x2000, 0, "/fake/app"),
+                                             Mapping(0x3000, 0x4000, 0, "[anon:jit]")])]
+    funcs = (0x1100, 0x3010, 0x9000, 0x1101)
+    cap.events = [RawEvent("cuda", "__cudaRegisterFunction", "meta", 10, 10, 1, args={"func": 0x3010},
+                           strs={"name": "_Z3jitv"})]
+    cap.events += [RawEvent("cuda", "cudaLaunchKernel", "compute", 10, 10, 10 + i, 20 + i, (0x1100,), args={"func": f})
+                   for i, f in enumerate(funcs)]
+    prof = symbolize_capture(cap, _StubNames(), StackOptions(group="none"))
+    assert [e.name for e in prof.events] == ["scale_stub", "jit", "[kernel 0x9000]", "[kernel 0x1101]"]

@@ -104,6 +104,15 @@ def _capture() -> Capture:
         RawEvent("cuda", "cudaMemcpy", "copy", 20, 21, 300, 400, ONE_EVAL, args={"bytes": 4096}),
         RawEvent("cuda", "cudaDeviceSynchronize", "sync", 30, 31, 300, 400, user_err=-14),
     ]
+    # Launches with every stack twice over (the events' stacks are built once each too), their kernels named by a
+    # host address in a file, in anonymous code or in no mapping.
+    funcs = itertools.cycle((LEAF, ANON, 0x9999999))
+    launches = [RawEvent("cuda", "cudaLaunchKernel", "compute", pid, pid + tid, t, t + 5, user,
+                         user_err=0 if user else -14, py=PY312 if pid == 40 else PY310, py_flags=flags,
+                         args={"func": next(funcs)})
+                for pid, user, flags, t, tid in itertools.product((10, 20, 30, 40), USERS, PY_FLAGS, TIMES, (1, 2))]
+    random.Random(1).shuffle(launches)
+    cap.events += launches * 2
     cap.footer = CaptureFooter(counters={"lost": 3, "python_samples": 1})
     return cap
 

@@ -1,0 +1,36 @@
+"""The modules a CPU sample crosses from its ring-buffer record to the folded file (issue #27's target: at most 10,
+and no layer re-entered once left), measured on the real functions (tests/sample_path.py; docs/paths.md has the
+path and what would shorten it). A ratchet: the path may lose modules and re-entries, never gain them; a change
+that moves the path along updates both lists here and docs/paths.md."""
+
+from __future__ import annotations
+
+from aiflame.agent.kernel.records import RecKind
+from tests import sample_path
+from tests.sample_path import layer_of, layers_reentered, modules, trace_cpu_sample
+
+# The modules handed the sample (or what holds it) by a call, today; the ring buffer's consumer
+# (agent/kernel/ringbuf.py), where its bytes come from, before them.
+CROSSED = {
+    "agent/kernel/sampler.py", "agent/kernel/decode.py", "agent/pipeline.py", "agent/python/runtime.py",
+    "core/capture.py", "symbolize/stacks.py", "exporters/road.py", "symbolize/views.py", "exporters/write.py",
+    "exporters/base.py", "exporters/folded.py",
+}
+# Re-entered today, both through the road's composer (exporters/road.py makes the views between symbolizing and
+# writing): see docs/paths.md.
+REENTERED = {"symbolize", "exporters"}
+
+
+def test_a_cpu_sample_crosses_no_more_modules_than_it_did() -> None:
+    assert sample_path._SAMPLE_KIND == RecKind.SAMPLE
+    path, folded = trace_cpu_sample()
+    calls = modules(path, calls_only=True)
+    assert folded.startswith("sleep;") and folded.endswith(" 1\n") and folded.count("\n") == 1, folded
+    # followed the whole way: from the record callback to the folded exporter
+    assert calls[:3] == ["agent/kernel/sampler.py", "agent/kernel/decode.py", "agent/pipeline.py"], calls
+    assert {"core/capture.py", "symbolize/stacks.py", "exporters/folded.py"} <= set(calls), calls
+    assert set(calls) <= CROSSED, f"new on the path: {sorted(set(calls) - CROSSED)}"
+    assert set(layers_reentered(calls)) <= REENTERED, calls
+    # Calls and returns alike: once the sample has left the agent it never comes back.
+    layers = [layer_of(m) for m in modules(path)]
+    assert "agent" not in layers[layers.index("core"):], layers
