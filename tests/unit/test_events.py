@@ -83,6 +83,7 @@ class _StubNames(NativeSymbolizer):
 def test_a_kernel_is_named_by_its_host_address() -> None:
     """A launch's `func` is looked up as the address it is (not as a return address) in the mappings of its time;
     one in no file (or none) is named by its registration, else by the address."""
+    # Oracle: by construction: the mappings, registration and addresses are laid out here, names from a stub
     cap = Capture(CaptureHeader(1, target="test"))
     cap.processes = [ProcessSnapshot(10, 0, [Mapping(0x1000, 0x2000, 0, "/fake/app"),
                                              Mapping(0x3000, 0x4000, 0, "[anon:jit]")])]

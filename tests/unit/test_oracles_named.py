@@ -192,6 +192,7 @@ NOT_TRUTH: dict[str, str] = {
     "unit/test_deploy.py": "the two deployments say the same thing",
     "unit/test_dump_walks.py": "walks over hostile memory end",
     "unit/test_elf_fuzz.py": "hostile bytes raise only Unreadable",
+    "unit/test_sample_path.py": "which modules and layers a CPU sample crosses: the code's structure, not a result",
     "unit/test_errors.py": "the error kinds: every exception class a kind or a listed exception, their exit statuses",
     "unit/test_exporter_registry.py": "the exporter registry and its options",
     "unit/test_import_inputs.py": "inputs of the wrong kind refused",
