@@ -1,5 +1,5 @@
 """The stack view `profile`, `export` and `render` share: its options (`--group`, `--no-kernel`, `--python`,
-`--native-interp`, `--debug-dir`, `--view`) and reading a capture (through exporters/road.py), or a folded file,
+`--native-interp`, `--debug-dir`, `--view`) and reading a capture (through symbolize/road.py), or a folded file,
 as that view."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def load_profile(path: Path, options: StackOptions | None = None, view: str = "c
     Raises Unreadable, or the view's error when the capture has nothing for it."""
     from aiflame.core.capture import is_capture
     from aiflame.exporters.folded import parse_folded
-    from aiflame.exporters.road import open_capture, symbolizer
+    from aiflame.symbolize.road import open_capture, symbolizer
 
     if is_capture(path) or not folded:
         return open_capture(path, options, symbolizer(debug_dirs)).view(view)

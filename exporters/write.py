@@ -1,24 +1,34 @@
-"""The write step of the road (exporters/road.py): a capture's views into files in a directory, in the asked
+"""The write step of the road (symbolize/road.py): a capture's views into files in a directory, in the asked
 formats of the registry. A whole-capture format (Chakra, the comm plot) is written once, from the first view
 (the cpu view); every other format once per view, under the view's file-name stem."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiflame.core.errors import NothingToShow
 from aiflame.exporters import REGISTRY, get_exporter
 from aiflame.symbolize.views import View
 
-__all__ = ["write_views"]
+__all__ = ["Written", "write_views"]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `write_views` made: the views, the files, notes for the user."""
+
+    views: list[View]
+    files: list[Path]
+    notes: list[str]
 
 
 def write_views(views: Sequence[View], formats: Sequence[str], out_dir: Path,
-                svg_options: Callable[[View], dict[str, object]]) -> tuple[list[Path], list[str]]:
-    """Write every view in every format into `out_dir`, a whole-capture format once from the first view; returns
-    the files written and notes for the user (a format unknown here, what an exporter could not write).
-    `svg_options`: the svg exporter's options (title, subtitle) for a view."""
+                svg_options: Callable[[View], dict[str, object]] = lambda v: {}) -> Written:
+    """Write every view in every format into `out_dir` (e.g. profile.folded, launches.svg), a whole-capture format
+    (chakra) once from the first view; returns the files written and notes for the user (a format unknown here,
+    what an exporter could not write). `svg_options`: the svg exporter's options (title, subtitle) for a view."""
     written: list[Path] = []
     notes = [f"the {name} exporter is not available in this build" for name in formats if name not in REGISTRY]
     known = [REGISTRY[name] for name in formats if name in REGISTRY]
@@ -34,4 +44,4 @@ def write_views(views: Sequence[View], formats: Sequence[str], out_dir: Path,
         for cls in (c for c in known if not c.whole_capture):
             exporter = get_exporter(cls.name, **(svg_options(view) if cls.name == "svg" else {}))
             written += [o.path for o in exporter.write(view.profile, cls.output_path(out_dir / view.stem))]
-    return written, notes
+    return Written(list(views), written, notes)

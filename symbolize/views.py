@@ -1,6 +1,6 @@
 """The views of a capture, under one set of names: what `--view` asks for, what `profile` and the daemon write
 next to a capture, what `top` shows (the cpu view). Each view is a Profile made from the capture and its CPU
-profile (symbolize/stacks.py); nothing here reads or writes a file (exporters/road.py composes the steps).
+profile (symbolize/stacks.py); nothing here reads or writes a file (symbolize/road.py composes the steps).
 
     cpu       the CPU samples, as symbolized
     launches  accelerator kernel launches on the CPU stacks that made them (symbolize/events.py)

@@ -162,7 +162,8 @@ def trace_cpu_sample() -> tuple[list[tuple[str, str]], str]:
     from aiflame.agent.pipeline import CapturePipeline
     from aiflame.core.capture import FORMAT_VERSION, CaptureWriter
     from aiflame.core.raw import CaptureFooter, CaptureHeader
-    from aiflame.exporters.road import open_capture
+    from aiflame.exporters.write import write_views
+    from aiflame.symbolize.road import open_capture
 
     with _target() as pid, tempfile.TemporaryDirectory() as tmp:
         record = _sample_record(pid, _code_addresses(pid))
@@ -178,7 +179,7 @@ def trace_cpu_sample() -> tuple[list[tuple[str, str]], str]:
             pipeline.sampler._callback(record)  # what the ring buffer's consumer does with each record
             pipeline.drain()
             writer.close(CaptureFooter(samples=1))
-            written = open_capture(path).write(["folded"])
+            written = write_views(open_capture(path).views(), ["folded"], path.parent)
         finally:
             sys.setprofile(None)
         (folded,) = written.files
@@ -215,7 +216,8 @@ def trace_stall_samples(run: Path, stream: Path) -> tuple[list[tuple[str, str]],
     makes them without a GPU (run/profile.aiflame, cupti.stream)."""
     from aiflame.agent.accel.cupti import CuptiCollector, CuptiOptions, StreamDir
     from aiflame.core.capture import CaptureWriter, read_capture
-    from aiflame.exporters.road import open_capture
+    from aiflame.exporters.write import write_views
+    from aiflame.symbolize.road import open_capture
 
     cap = read_capture(run)
     with tempfile.TemporaryDirectory() as tmp:
@@ -240,7 +242,7 @@ def trace_stall_samples(run: Path, stream: Path) -> tuple[list[tuple[str, str]],
         try:
             collector.collect(writer, keep_streams=True)
             writer.close(cap.footer or raw.CaptureFooter())
-            written = open_capture(Path(tmp) / "profile.aiflame").write(["folded"])
+            written = write_views(open_capture(Path(tmp) / "profile.aiflame").views(), ["folded"], Path(tmp))
         finally:
             sys.setprofile(None)
             streams.close()

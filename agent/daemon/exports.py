@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiflame.agent.daemon.store import OutputDirs
-from aiflame.exporters.road import open_capture, symbolizer
+from aiflame.exporters.write import write_views
 from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.road import open_capture, symbolizer
 
 log = logging.getLogger("aiflame.daemon")
 _libc = ctypes.CDLL(None)
@@ -38,9 +39,10 @@ class ExportJob:
 
 def export_capture(capture: Path, formats: tuple[str, ...], title: str,
                    native: NativeSymbolizer) -> tuple[list[Path], list[str]]:
-    """Write `formats` of `capture`'s views next to it (exporters/road.py); "chakra" writes one
+    """Write `formats` of `capture`'s views next to it (symbolize/road.py, exporters/write.py); "chakra" writes one
     `profile.<rank>.et` per rank."""
-    done = open_capture(capture, native=native).write(formats, svg_options=lambda v: {"title": f"{title} ({v.stem})"})
+    done = write_views(open_capture(capture, native=native).views(), formats, capture.parent,
+                       svg_options=lambda v: {"title": f"{title} ({v.stem})"})
     return done.files, done.notes
 
 

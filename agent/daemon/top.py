@@ -28,8 +28,8 @@ from rich.text import Text
 from aiflame.agent.daemon.protocol import LatestRequest, StatusRequest, request
 from aiflame.core.errors import BadInput, Unreadable
 from aiflame.core.model import EventKind, Frame, FrameKind, Profile
-from aiflame.exporters.road import open_capture, symbolizer
 from aiflame.symbolize.native import NativeSymbolizer
+from aiflame.symbolize.road import open_capture, symbolizer
 
 _SKIP = (FrameKind.PROCESS, FrameKind.SEPARATOR)
 

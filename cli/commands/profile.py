@@ -1,5 +1,5 @@
 """`aiflame profile`: capture a process or a command (agent/session.py), write the asked formats of every view
-next to the capture (exporters/road.py), and print the summary."""
+next to the capture (symbolize/road.py, exporters/write.py), and print the summary."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from aiflame.agent.kernel.sampler import SamplerConfig
     from aiflame.agent.session import SessionConfig, SessionResult, SessionStats
     from aiflame.core.model import Profile
-    from aiflame.exporters.road import SymbolizedCapture, Written
+    from aiflame.exporters.write import Written
+    from aiflame.symbolize.road import SymbolizedCapture
     from aiflame.symbolize.views import View
 
 NAME = "profile"
@@ -193,9 +194,10 @@ def _session_config(args: argparse.Namespace, out_dir: Path, command: list[str],
 
 def _write_views(args: argparse.Namespace, cfg: SessionConfig, result: SessionResult, formats: list[str],
                  progress: _Progress) -> tuple[SymbolizedCapture, Written]:
-    """The capture just written, symbolized, and its views in `formats` beside it (exporters/road.py); what the
-    exporters could not write joins the session's warnings."""
-    from aiflame.exporters.road import open_capture, symbolizer
+    """The capture just written, symbolized, and its views in `formats` beside it (symbolize/road.py,
+    exporters/write.py); what the exporters could not write joins the session's warnings."""
+    from aiflame.exporters.write import write_views
+    from aiflame.symbolize.road import open_capture, symbolizer
 
     progress.phase(f"symbolizing {result.stats.samples} samples")
     capture = open_capture(result.capture, stack_options(args), symbolizer(args.debug_dir))
@@ -207,7 +209,7 @@ def _write_views(args: argparse.Namespace, cfg: SessionConfig, result: SessionRe
                 "subtitle": f"{v.what}{rate}, {result.stats.elapsed_s:.1f} s, {result.stop_reason}"}
 
     progress.phase(f"writing {', '.join(formats) or 'the capture'} to {cfg.out_dir}")
-    done = capture.write(formats, cfg.out_dir, cfg.prefix, svg_options)
+    done = write_views(capture.views(cfg.prefix), formats, cfg.out_dir, svg_options)
     result.warnings.extend(done.notes)
     return capture, done
 

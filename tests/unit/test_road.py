@@ -1,6 +1,6 @@
-"""The road from a capture file to its files (exporters/road.py): one set of view names (symbolize/views.py), the
-views a capture has written in every format under the names `profile` and the daemon have always used, and each
-view written by the road the same as `export --view` writes it."""
+"""The road from a capture file to its files (symbolize/road.py, written by exporters/write.py): one set of view
+names (symbolize/views.py), the views a capture has written in every format under the names `profile` and the
+daemon have always used, and each view written by the road the same as `export --view` writes it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from aiflame.cli.main import build_parser, main
 from aiflame.core.capture import OFF_CPU_FORMAT_VERSION, write_capture
 from aiflame.core.errors import NothingToShow
 from aiflame.core.raw import Capture, CaptureFooter, CaptureHeader, Mapping, ProcessSnapshot, RawEvent, RawSample
-from aiflame.exporters.road import open_capture
+from aiflame.exporters.write import write_views
+from aiflame.symbolize.road import open_capture
 from aiflame.symbolize.stacks import StackOptions
 from aiflame.symbolize.views import VIEWS, WRITTEN, capture_views, view
 
@@ -82,7 +83,8 @@ def test_the_road_writes_what_export_writes(tmp_path: Path) -> None:
     view's folded file as `export --view` makes it."""
     path = tmp_path / "c.aiflame"
     write_capture(path, _capture())
-    done = open_capture(path).write(["folded", "svg"], svg_options=lambda v: {"title": f"t ({v.stem})"})
+    done = write_views(open_capture(path).views(), ["folded", "svg"], path.parent,
+                       svg_options=lambda v: {"title": f"t ({v.stem})"})
     stems = ("profile", "launches", "offcpu", "wall")
     assert [p.name for p in done.files] == [f"{s}.{ext}" for s in stems for ext in ("folded", "svg")]
     assert all(p.parent == tmp_path for p in done.files) and done.notes == []
@@ -97,7 +99,7 @@ def test_a_whole_capture_format_is_written_once_and_an_unknown_one_noted(tmp_pat
     path = tmp_path / "c.aiflame"
     write_capture(path, _capture())
     (tmp_path / "out").mkdir()
-    done = open_capture(path).write(["folded", "nosuch", "comm-svg"], tmp_path / "out", prefix="window")
+    done = write_views(open_capture(path).views("window"), ["folded", "nosuch", "comm-svg"], tmp_path / "out")
     assert done.notes == ["the nosuch exporter is not available in this build"]
     assert [p.name for p in done.files] == ["window.comm.svg", "window.folded", "launches.folded", "offcpu.folded",
                                             "wall.folded"]

@@ -1,40 +1,31 @@
-"""The one road from a capture file to what is made of it, one module per step:
+"""The road from a capture file to what is made of it, one module per step:
 
     read        core/capture.py       read_capture: the file → core.raw.Capture
     symbolize   symbolize/stacks.py   symbolize_capture: addresses → names, the CPU profile (core.model.Profile)
     views       symbolize/views.py    the cpu, launches, stalls, combined, offcpu and wall views
-    write       exporters/write.py    views × formats → files next to the capture
+    write       exporters/write.py    views × formats → files (`write_views`)
 
-`open_capture` takes the first two steps and hands back a `SymbolizedCapture`, whose `view`, `views` and `write`
-take the others. `profile` and the daemon's windows write every view (`write`); `export`, `render`, `report` and
-`chakra calibrate` take one view (their own destination: a file or stdout, cli/output.py); `top` the cpu view.
-The capture file is where every caller enters: the agent streams it to disk while it collects."""
+`open_capture` takes the first two steps and hands back a `SymbolizedCapture`, whose `view` and `views` take the
+third; exporters/write.py takes the last, so a sample goes core → symbolize → exporters and never back. `profile`
+and the daemon's windows write every view (`write_views`); `export`, `render`, `report` and `chakra calibrate`
+take one view (their own destination: a file or stdout, cli/output.py); `top` the cpu view. The capture file is
+where every caller enters: the agent streams it to disk while it collects."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiflame.core.capture import read_capture
 from aiflame.core.model import Profile
 from aiflame.core.raw import Capture
-from aiflame.exporters.write import write_views
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.debugfiles import SYSTEM_DEBUG_DIRS
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
 from aiflame.symbolize.views import View, capture_views, view
 
-__all__ = ["SymbolizedCapture", "Written", "open_capture", "symbolizer"]
-
-
-@dataclass(frozen=True)
-class Written:
-    """What `SymbolizedCapture.write` made: the views, the files, notes for the user."""
-
-    views: list[View]
-    files: list[Path]
-    notes: list[str]
+__all__ = ["SymbolizedCapture", "open_capture", "symbolizer"]
 
 
 @dataclass(frozen=True)
@@ -52,14 +43,6 @@ class SymbolizedCapture:
     def views(self, prefix: str = "profile") -> list[View]:
         """Every view the capture has anything for, the cpu view under the file-name stem `prefix`."""
         return capture_views(self.capture, self.profile, prefix)
-
-    def write(self, formats: Sequence[str], out_dir: Path | None = None, prefix: str = "profile",
-              svg_options: Callable[[View], dict[str, object]] = lambda v: {}) -> Written:
-        """Every view in every format into `out_dir` (default: the capture's directory), e.g. profile.folded,
-        launches.svg; a whole-capture format (chakra) once. `svg_options`: the flame graph's title, subtitle."""
-        views = self.views(prefix)
-        files, notes = write_views(views, formats, self.path.parent if out_dir is None else out_dir, svg_options)
-        return Written(views, files, notes)
 
 
 def symbolizer(debug_dirs: Sequence[str] = ()) -> NativeSymbolizer:
