@@ -112,7 +112,7 @@ def symbolize_capture(
     # Pass 2: the stacks, root -> leaf.
     builder = _StackBuilder(opts, names, {pid: idx.comm for pid, idx in index.items()}, cap.kernel_symbols,
                             PythonNames(cap.py_codes, cap.py_runtimes), prof.counters)
-    _add_samples(prof, cap.samples, sample_chains, builder)
+    builder.add_samples(prof, cap.samples, sample_chains)
     event_stacks = [builder.event(e, chain) for e, chain in zip(cap.events, event_chains, strict=True)]
     stops, worst = unwind_report((s for s in cap.samples if not s.off_cpu_ns),
                                  lambda s: _outermost_file(index.get(s.pid), s))
@@ -190,17 +190,6 @@ class _Locator:
         return found
 
 
-def _add_samples(prof: Profile, samples: list[RawSample], chains: list[_Chain], builder: _StackBuilder) -> None:
-    """Each sample with its stack into `prof`: on CPU, or blocked (off CPU) with how long."""
-    stack_of = builder.sample
-    for s, chain in zip(samples, chains, strict=True):
-        stack = stack_of(s, chain)
-        if s.off_cpu_ns:
-            prof.off_cpu.append(Sample(stack, s.off_cpu_ns, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
-        else:
-            prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
-
-
 _T = TypeVar("_T", RawSample, RawEvent)
 
 
@@ -224,39 +213,51 @@ class _StackBuilder:
         self.kcache: dict[int, Frame] = {}
         self._who = opts.group in ("process", "thread")
         self._thread = opts.group == "thread"
-        self._samples: dict[tuple[object, ...], tuple[Stack, dict[str, int]]] = {}
-        self._events: dict[tuple[object, ...], tuple[Stack, dict[str, int]]] = {}
+        self._samples: dict[tuple[object, ...] | None, tuple[Stack, dict[str, int]]] = {}
+        self._events: dict[tuple[object, ...] | None, tuple[Stack, dict[str, int]]] = {}
 
-    def sample(self, s: RawSample, chain: _Chain) -> Stack:
-        key = None
-        if _DEDUPE:
+    def add_samples(self, prof: Profile, samples: list[RawSample], chains: list[_Chain]) -> None:
+        """Each sample with its stack into `prof`: on CPU, or blocked (off CPU) with how long. (`event`'s
+        memoized build written out, with names bound once: this runs for every sample of the capture.)"""
+        memo, build, counters, epoch, comms = self._samples, self._sample, self.counters, self.pynames.epoch, self.comms
+        who, thread, dedupe = self._who, self._thread, _DEDUPE
+        for s, chain in zip(samples, chains, strict=True):
             key = (s.pid, chain.resolution, s.kern, tuple(map(_PY_FIELDS, s.py)), s.py_flags, s.user_err != 0,
-                   stop_of(s.unwind), self.pynames.epoch(s.pid, s.time_ns) if s.py else 0,
-                   (self.comms.get(s.pid) or s.comm) if self._who else "", (s.comm, s.tid) if self._thread else None,
-                   s.off_cpu_ns != 0)
-        return self._memoized(self._samples, key, self._sample, s, chain)
+                   stop_of(s.unwind), epoch(s.pid, s.time_ns) if s.py else 0,
+                   (comms.get(s.pid) or s.comm) if who else "", (s.comm, s.tid) if thread else None,
+                   s.off_cpu_ns != 0) if dedupe else None
+            stack, delta = memo.get(key) or self._build(memo, key, build, s, chain)
+            for k, v in delta.items():
+                counters[k] = counters.get(k, 0) + v
+            if s.off_cpu_ns:
+                prof.off_cpu.append(Sample(stack, s.off_cpu_ns, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
+            else:
+                prof.samples.append(Sample(stack, s.weight, s.pid, s.tid, s.comm, s.cpu, s.time_ns))
 
     def event(self, e: RawEvent, chain: _Chain) -> Stack:
-        key = None
-        if _DEDUPE:
-            key = (e.pid, chain.resolution, tuple(map(_PY_FIELDS, e.py)), e.py_flags, e.user_err != 0,
-                   self.pynames.epoch(e.pid, e.time_ns) if e.py else 0, self.comms.get(e.pid) if self._who else "",
-                   e.tid if self._thread else None)
-        return self._memoized(self._events, key, self._event, e, chain)
+        key = (e.pid, chain.resolution, tuple(map(_PY_FIELDS, e.py)), e.py_flags, e.user_err != 0,
+               self.pynames.epoch(e.pid, e.time_ns) if e.py else 0, self.comms.get(e.pid) if self._who else "",
+               e.tid if self._thread else None) if _DEDUPE else None
+        stack, delta = self._events.get(key) or self._build(self._events, key, self._event, e, chain)
+        if delta:
+            self._replay(delta)
+        return stack
 
-    def _memoized(self, memo: dict[tuple[object, ...], tuple[Stack, dict[str, int]]], key: tuple[object, ...] | None,
-                  build: Callable[[_T, _Chain, dict[str, int]], Stack], s: _T, chain: _Chain) -> Stack:
-        hit = memo.get(key) if key is not None else None
-        if hit is None:
-            delta: dict[str, int] = {}
-            hit = (build(s, chain, delta), delta)
-            if key is not None:
-                memo[key] = hit
-        stack, delta = hit
+    @staticmethod
+    def _build(memo: dict[tuple[object, ...] | None, tuple[Stack, dict[str, int]]], key: tuple[object, ...] | None,
+               build: Callable[[_T, _Chain, dict[str, int]], Stack], s: _T, chain: _Chain
+               ) -> tuple[Stack, dict[str, int]]:
+        """A stack not built yet (`key` None: not to be kept), and the counters its build added."""
+        delta: dict[str, int] = {}
+        hit = (build(s, chain, delta), delta)
+        if key is not None:
+            memo[key] = hit
+        return hit
+
+    def _replay(self, delta: dict[str, int]) -> None:
         counters = self.counters
         for k, v in delta.items():
             counters[k] = counters.get(k, 0) + v
-        return stack
 
     def _sample(self, s: RawSample, chain: _Chain, counters: dict[str, int]) -> Stack:
         frames = self._roots(s.pid, s.comm, s.tid)
@@ -328,12 +329,22 @@ def _user_frames(s: ThreadStack, chain: _Chain, names: dict[tuple[str, str], dic
     # broke there (code built without frame pointers) and every frame rootward of it came from the broken
     # chain. One `[unwind stopped]` stands for them instead of up to a hundred garbage frames.
     out: list[Frame] = [BROKEN_CHAIN] if chain.broken else []
-    out.extend([_frame_at(m, off, names) for m, off in reversed(chain.hits)])
+    for m, off in reversed(chain.hits):  # _frame_at written out: this runs for every frame of every stack built
+        if not m.path.startswith("/"):
+            label = m.path if m.path.startswith("[") else ANON  # [vdso], [anon:name] (a named region), ...
+            out.append(Frame(label, FrameKind.UNKNOWN, module=label))
+            continue
+        f = names.get((m.path, m.build_id), {}).get(off)
+        if f is None:
+            module = os.path.basename(m.path)
+            f = Frame(offset_name(module, off), FrameKind.UNKNOWN, module=module)
+        out.append(f)
     return out
 
 
 def _frame_at(m: Mapping, off: int, names: dict[tuple[str, str], dict[int, Frame]]) -> Frame:
-    """The frame at file offset `off` of `m` (`m.path` a file), or named after a mapping of no file."""
+    """The frame at file offset `off` of `m` (`m.path` a file), or named after a mapping of no file (as each
+    frame of `_user_frames`)."""
     if not m.path.startswith("/"):
         label = m.path if m.path.startswith("[") else ANON  # [vdso], [anon:name] (a named region), ...
         return Frame(label, FrameKind.UNKNOWN, module=label)
