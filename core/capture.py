@@ -284,6 +284,12 @@ class CaptureWriter:
 def write_capture(path: Path, cap: Capture) -> None:
     """Write a whole in-memory capture (tests, conversions)."""
     w = CaptureWriter(path, cap.header)
+    write_records(w, cap)
+    w.close(cap.footer or CaptureFooter())
+
+
+def write_records(w: CaptureWriter, cap: Capture) -> None:
+    """Every record of an in-memory capture into an open writer, which stays open (more may follow)."""
     for p in cap.processes:
         w.add_process(p)
     for r in cap.py_runtimes:
@@ -297,7 +303,6 @@ def write_capture(path: Path, cap: Capture) -> None:
     w.add_stalls(cap.stalls)
     if cap.kernel_symbols:
         w.add_kernel_symbols(cap.kernel_symbols)
-    w.close(cap.footer or CaptureFooter())
 
 
 class _Cut(Unreadable):

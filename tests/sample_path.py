@@ -215,7 +215,7 @@ def trace_stall_samples(run: Path, stream: Path) -> tuple[list[tuple[str, str]],
     on to the stalls view's folded file; and that file. `run` and `stream`: as examples/ai_flamegraph/make.sh
     makes them without a GPU (run/profile.aiflame, cupti.stream)."""
     from aiflame.agent.accel.cupti import CuptiCollector, CuptiOptions, StreamDir
-    from aiflame.core.capture import CaptureWriter, read_capture
+    from aiflame.core.capture import CaptureWriter, read_capture, write_records
     from aiflame.exporters.write import write_views
     from aiflame.symbolize.road import open_capture
 
@@ -224,17 +224,7 @@ def trace_stall_samples(run: Path, stream: Path) -> tuple[list[tuple[str, str]],
         streams = StreamDir(Path(tmp))
         (streams.path / "cupti-1.stream").write_bytes(stream.read_bytes())
         writer = CaptureWriter(Path(tmp) / "profile.aiflame", cap.header)
-        for p in cap.processes:
-            writer.add_process(p)
-        for r in cap.py_runtimes:
-            writer.add_py_runtime(r)
-        for c in cap.py_codes:
-            writer.add_py_code(c)
-        writer.add_samples(cap.samples)
-        writer.add_events(cap.events)
-        for g in cap.gpu_code:
-            writer.add_gpu_code(g)
-        writer.add_kernel_symbols(cap.kernel_symbols)
+        write_records(writer, cap)
         # CUPTI's install is read by child_env only, which a capture that already ran does not need.
         collector = CuptiCollector(None, Path(), streams, CuptiOptions())  # type: ignore[arg-type]
         tracker = StallTracker(stream.read_bytes())
