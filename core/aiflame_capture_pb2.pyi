@@ -265,6 +265,20 @@ class StallSamples(_message.Message):
     samples: _containers.RepeatedCompositeFieldContainer[StallSample]
     def __init__(self, samples: _Optional[_Iterable[_Union[StallSample, _Mapping]]] = ...) -> None: ...
 
+class Stream(_message.Message):
+    __slots__ = ("format", "name", "data", "size", "offset")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    format: str
+    name: str
+    data: bytes
+    size: int
+    offset: int
+    def __init__(self, format: _Optional[str] = ..., name: _Optional[str] = ..., data: _Optional[bytes] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
 class Footer(_message.Message):
     __slots__ = ("end_wall_ns", "end_mono_ns", "samples", "counters", "stop_reason", "agent_cpu_s")
     class CountersEntry(_message.Message):
@@ -289,7 +303,7 @@ class Footer(_message.Message):
     def __init__(self, end_wall_ns: _Optional[int] = ..., end_mono_ns: _Optional[int] = ..., samples: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., stop_reason: _Optional[str] = ..., agent_cpu_s: _Optional[float] = ...) -> None: ...
 
 class Record(_message.Message):
-    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer", "py_code", "py_runtime", "event", "gpu_code", "stalls")
+    __slots__ = ("header", "sample", "process", "kernel_symbols", "footer", "py_code", "py_runtime", "event", "gpu_code", "stalls", "stream")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +314,7 @@ class Record(_message.Message):
     EVENT_FIELD_NUMBER: _ClassVar[int]
     GPU_CODE_FIELD_NUMBER: _ClassVar[int]
     STALLS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     header: Header
     sample: Sample
     process: Process
@@ -310,4 +325,5 @@ class Record(_message.Message):
     event: Event
     gpu_code: GpuCode
     stalls: StallSamples
-    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ..., py_code: _Optional[_Union[PyCode, _Mapping]] = ..., py_runtime: _Optional[_Union[PyRuntime, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., gpu_code: _Optional[_Union[GpuCode, _Mapping]] = ..., stalls: _Optional[_Union[StallSamples, _Mapping]] = ...) -> None: ...
+    stream: Stream
+    def __init__(self, header: _Optional[_Union[Header, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., process: _Optional[_Union[Process, _Mapping]] = ..., kernel_symbols: _Optional[_Union[KernelSymbols, _Mapping]] = ..., footer: _Optional[_Union[Footer, _Mapping]] = ..., py_code: _Optional[_Union[PyCode, _Mapping]] = ..., py_runtime: _Optional[_Union[PyRuntime, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., gpu_code: _Optional[_Union[GpuCode, _Mapping]] = ..., stalls: _Optional[_Union[StallSamples, _Mapping]] = ..., stream: _Optional[_Union[Stream, _Mapping]] = ...) -> None: ...

@@ -39,6 +39,7 @@ from aiflame.core.raw import (
     RawPyFrame,
     RawSample,
     RawStallSample,
+    RawStream,
 )
 from aiflame.core.safe_files import OutputDir
 
@@ -52,6 +53,7 @@ READ_VERSION = OFF_CPU_FORMAT_VERSION  # the newest format this aiflame reads
 # STALL_BATCH samples or STALL_BATCH_BYTES, and any other record passing the limit is refused by the writer.
 MAX_RECORD = 64 << 20
 MAX_PIECE = 16 << 20
+MAX_STREAM = 1 << 41  # a vendor stream's size: `profile --gpu-stream-limit` goes to 1 TiB
 
 
 def _varint(n: int) -> bytes:
@@ -247,6 +249,18 @@ class CaptureWriter:
                 size=len(c.data) if first else 0, offset=off)))
         return True
 
+    def add_stream(self, st: RawStream) -> None:
+        """Store a vendor's stall stream whole (in pieces of MAX_PIECE when larger)."""
+        if len(st.data) <= MAX_PIECE:
+            self._write(pb.Record(stream=pb.Stream(format=st.format, name=st.name, data=st.data)))
+            return
+        view = memoryview(st.data)
+        for off in range(0, len(st.data), MAX_PIECE):
+            first = off == 0
+            self._write(pb.Record(stream=pb.Stream(
+                format=st.format if first else "", name=st.name, data=bytes(view[off:off + MAX_PIECE]),
+                size=len(st.data) if first else 0, offset=off)))
+
     def add_process(self, p: ProcessSnapshot) -> None:
         self._write(pb.Record(process=process_to_pb(p)))
 
@@ -301,6 +315,8 @@ def write_records(w: CaptureWriter, cap: Capture) -> None:
     for g in cap.gpu_code:
         w.add_gpu_code(g)
     w.add_stalls(cap.stalls)
+    for st in cap.streams:
+        w.add_stream(st)
     if cap.kernel_symbols:
         w.add_kernel_symbols(cap.kernel_symbols)
 
@@ -359,24 +375,46 @@ def _pb_mapping(m: pb.Mapping) -> Mapping:
     return Mapping(m.start, m.end, m.file_offset, m.path, m.build_id, m.perms)
 
 
-def _add_gpu_code(cap: Capture, g: pb.GpuCode, pieces: dict[str, tuple[pb.GpuCode, bytearray]], name: str) -> None:
-    """Take one GpuCode record: a whole object, or a piece of one split by the writer (joined in `pieces` until
-    complete; one whose pieces stop early, in a capture cut short, is left out)."""
-    if not g.size and not g.offset:
-        cap.gpu_code.append(GpuCode(g.digest, g.kind, g.arch, g.origin, bytes(g.data)))
-        return
-    if g.offset == 0:
-        if g.size > MAX_RECORD << 4:
-            raise Unreadable(f"{name}: corrupt capture (a code object of {g.size} bytes)")
-        pieces[g.digest] = (g, bytearray())
-    head = pieces.get(g.digest)
-    if head is None or len(head[1]) != g.offset or g.offset + len(g.data) > head[0].size:
-        raise Unreadable(f"{name}: corrupt capture (code object {g.digest[:12]}: a piece out of order)")
+_Piece = pb.GpuCode | pb.Stream
+
+
+def _joined(m: _Piece, key: str, pieces: dict[str, tuple[_Piece, bytearray]], name: str, what: str,
+            most: int) -> tuple[_Piece, bytes] | None:
+    """One GpuCode or Stream record: (its first record, the whole data) when it is whole or its last piece, None
+    while pieces of it are still to come (joined in `pieces` by `key`; an object whose pieces stop early, in a
+    capture cut short, is left out). `most`: the largest size that is not corruption (what is joined grows with
+    the pieces read, never with the size a first piece declares)."""
+    if not m.size and not m.offset:
+        return m, bytes(m.data)
+    if m.offset == 0:
+        if m.size > most:
+            raise Unreadable(f"{name}: corrupt capture (a {what} of {m.size} bytes)")
+        pieces[key] = (m, bytearray())
+    head = pieces.get(key)
+    if head is None or len(head[1]) != m.offset or m.offset + len(m.data) > head[0].size:
+        raise Unreadable(f"{name}: corrupt capture ({what} {key.partition(':')[2][:40]}: a piece out of order)")
     first, buf = head
-    buf += g.data
-    if len(buf) == first.size:
-        del pieces[g.digest]
-        cap.gpu_code.append(GpuCode(first.digest, first.kind, first.arch, first.origin, bytes(buf)))
+    buf += m.data
+    if len(buf) != first.size:
+        return None
+    del pieces[key]
+    return first, bytes(buf)
+
+
+def _add_gpu_code(cap: Capture, g: pb.GpuCode, pieces: dict[str, tuple[_Piece, bytearray]], name: str) -> None:
+    got = _joined(g, "code:" + g.digest, pieces, name, "code object", MAX_RECORD << 4)
+    if got is not None:
+        first, data = got
+        assert isinstance(first, pb.GpuCode)
+        cap.gpu_code.append(GpuCode(first.digest, first.kind, first.arch, first.origin, data))
+
+
+def _add_stream(cap: Capture, st: pb.Stream, pieces: dict[str, tuple[_Piece, bytearray]], name: str) -> None:
+    got = _joined(st, "stream:" + st.name, pieces, name, "stream", MAX_STREAM)
+    if got is not None:
+        first, data = got
+        assert isinstance(first, pb.Stream)
+        cap.streams.append(RawStream(first.format, first.name, data))
 
 
 def read_capture(path: Path, *, partial: bool = False) -> Capture:
@@ -391,7 +429,7 @@ def read_capture(path: Path, *, partial: bool = False) -> Capture:
     except OSError as e:
         raise Unreadable(f"{name}: {e.strerror}") from None
     cap: Capture | None = None
-    pieces: dict[str, tuple[pb.GpuCode, bytearray]] = {}  # code objects split over records, being joined
+    pieces: dict[str, tuple[_Piece, bytearray]] = {}  # code objects and streams split over records, being joined
     for i, rec in enumerate(iter_records(data, name, partial=partial)):
         which = rec.WhichOneof("body")
         if i == 0:
@@ -434,6 +472,8 @@ def read_capture(path: Path, *, partial: bool = False) -> Capture:
             _add_gpu_code(cap, rec.gpu_code, pieces, name)
         elif which == "stalls":
             cap.stalls.extend(stall_from_pb(m) for m in rec.stalls.samples)
+        elif which == "stream":
+            _add_stream(cap, rec.stream, pieces, name)
         elif which == "kernel_symbols":
             cap.kernel_symbols.update((k.addr, k.name) for k in rec.kernel_symbols.symbols)
         elif which == "footer":

@@ -6,7 +6,10 @@ leaf first, as the kernel hands them over. This module imports nothing else from
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Iterable
+from collections.abc import Mapping as KeyValues
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -181,6 +184,17 @@ class GpuCode:
 
 
 @dataclass(frozen=True, slots=True)
+class RawStream:
+    """A vendor's stall stream as its sampler wrote it: stored whole by the agent, read and converted into
+    RawStallSample and GpuCode records on the road (symbolize/vendor/cupti_stream.py for "cupti"), so the
+    format has one reader."""
+
+    format: str  # "cupti"
+    name: str  # the file it was read from (unique in a capture)
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class RawStallSample:
     """Stall samples an accelerator's sampler reported at one instruction of one kernel."""
 
@@ -239,3 +253,24 @@ class Capture:
     gpu_code: list[GpuCode] = field(default_factory=list)
     stalls: list[RawStallSample] = field(default_factory=list)
     footer: CaptureFooter | None = None
+    streams: list[RawStream] = field(default_factory=list)  # not yet converted into `stalls` and `gpu_code`
+
+    def converted(self, stalls: Iterable[RawStallSample], code: Iterable[GpuCode],
+                  counters: KeyValues[str, int]) -> Capture:
+        """This capture with its streams replaced by what was read from them: their stall samples, their code
+        objects (each digest once) and their counters (added to the footer's; a capture read as cut short has
+        no footer to add them to)."""
+        have = {c.digest for c in self.gpu_code}
+        new = []
+        for c in code:
+            if c.digest not in have:
+                have.add(c.digest)
+                new.append(c)
+        footer = self.footer
+        if footer is not None and counters:
+            merged = dict(footer.counters)
+            for k, v in counters.items():
+                merged[k] = merged.get(k, 0) + v
+            footer = dataclasses.replace(footer, counters=merged)
+        return dataclasses.replace(self, gpu_code=[*self.gpu_code, *new], stalls=[*self.stalls, *stalls],
+                                   footer=footer, streams=[])

@@ -1,6 +1,7 @@
 """The road from a capture file to what is made of it, one module per step:
 
     read        core/capture.py       read_capture: the file → core.raw.Capture
+                symbolize/vendor/cupti_stream.py   stream_stalls: the CUPTI streams it stores → stall samples
     symbolize   symbolize/stacks.py   symbolize_capture: addresses → names, the CPU profile (core.model.Profile)
     views       symbolize/views.py    the cpu, launches, stalls, combined, offcpu and wall views
     write       exporters/write.py    views × formats → files (`write_views`)
@@ -23,9 +24,10 @@ from aiflame.core.raw import Capture
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.objfmt.debugfiles import SYSTEM_DEBUG_DIRS
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
+from aiflame.symbolize.vendor.cupti_stream import stream_stalls
 from aiflame.symbolize.views import View, capture_views, view
 
-__all__ = ["SymbolizedCapture", "open_capture", "symbolizer"]
+__all__ = ["SymbolizedCapture", "open_capture", "read", "symbolizer"]
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,9 @@ class SymbolizedCapture:
     """A capture read and symbolized: the raw capture and its CPU profile, from which every view is made."""
 
     path: Path
-    capture: Capture
+    capture: Capture  # its vendor streams converted into stall samples and code objects
     profile: Profile  # the cpu view
+    warnings: tuple[str, ...] = ()  # one line each: what the vendor streams say went wrong while sampling
 
     def view(self, name: str, *, sass: bool = True) -> Profile:
         """The view `name` (symbolize/views.py `VIEWS`); an error of one line when the capture has nothing for it."""
@@ -55,6 +58,16 @@ def open_capture(path: Path, options: StackOptions | None = None,
                  native: NativeSymbolizer | None = None) -> SymbolizedCapture:
     """Read the capture at `path` and symbolize it with `options` (default: StackOptions()) and `native` (default:
     `symbolizer()`); Unreadable when it cannot be read."""
-    cap = read_capture(path)
+    cap, warnings = read(path)
     prof = symbolize_capture(cap, native or symbolizer(), options=options or StackOptions())
-    return SymbolizedCapture(path, cap, prof)
+    return SymbolizedCapture(path, cap, prof, tuple(warnings))
+
+
+def read(path: Path) -> tuple[Capture, list[str]]:
+    """The capture at `path` with the vendor streams it stores read and converted (stall samples, code objects,
+    counters), and the one-line warnings they call for; Unreadable when it cannot be read."""
+    cap = read_capture(path)
+    if not cap.streams:
+        return cap, []
+    got = stream_stalls(cap.streams)
+    return cap.converted(got.stalls, got.code, got.counters), got.warnings

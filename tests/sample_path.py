@@ -196,11 +196,13 @@ class StallTracker(Tracker):
 
     def is_it(self, v: object) -> bool | None:
         from aiflame.symbolize.stalls import STALL_UNIT
-        from aiflame.symbolize.vendor.cupti_stream import CuptiStream, PcTotal
+        from aiflame.symbolize.vendor.cupti_stream import CuptiStream, PcTotal, StreamStalls
 
         if type(v) is bytes:
             return v == self.record
-        if isinstance(v, (CuptiStream, PcTotal, raw.RawStallSample, pb.StallSample)):
+        if isinstance(v, raw.RawStream):
+            return v.data == self.record
+        if isinstance(v, (CuptiStream, PcTotal, StreamStalls, raw.RawStallSample, pb.StallSample, pb.Stream)):
             return True
         if isinstance(v, model.Profile):
             return v.unit == STALL_UNIT
@@ -209,25 +211,26 @@ class StallTracker(Tracker):
         return None
 
 
-def trace_stall_samples(run: Path, stream: Path) -> tuple[list[tuple[str, str]], str]:
-    """The modules that hold the stall samples of the CUPTI stream file `stream` as the live collector takes them
-    in (agent/accel/cupti.py `CuptiCollector.collect`) into a capture holding what the capture `run` holds, and
-    on to the stalls view's folded file; and that file. `run` and `stream`: as examples/ai_flamegraph/make.sh
-    makes them without a GPU (run/profile.aiflame, cupti.stream)."""
+def trace_stall_samples(run: Path | raw.Capture, stream: Path | bytes) -> tuple[list[tuple[str, str]], str]:
+    """The modules that hold the stall samples of the CUPTI stream `stream` (a file, or its bytes) as the live
+    collector takes it in (agent/accel/cupti.py `CuptiCollector.collect`) into a capture holding what the capture
+    `run` holds, and on to the stalls view's folded file; and that file. `run` and `stream`: as
+    examples/ai_flamegraph/make.sh makes them without a GPU (run/profile.aiflame, cupti.stream), or smaller."""
     from aiflame.agent.accel.cupti import CuptiCollector, CuptiOptions, StreamDir
     from aiflame.core.capture import CaptureWriter, read_capture, write_records
     from aiflame.exporters.write import write_views
     from aiflame.symbolize.road import open_capture
 
-    cap = read_capture(run)
+    cap = run if isinstance(run, raw.Capture) else read_capture(run)
+    data = stream if isinstance(stream, bytes) else stream.read_bytes()
     with tempfile.TemporaryDirectory() as tmp:
         streams = StreamDir(Path(tmp))
-        (streams.path / "cupti-1.stream").write_bytes(stream.read_bytes())
+        (streams.path / "cupti-1.stream").write_bytes(data)
         writer = CaptureWriter(Path(tmp) / "profile.aiflame", cap.header)
         write_records(writer, cap)
         # CUPTI's install is read by child_env only, which a capture that already ran does not need.
         collector = CuptiCollector(None, Path(), streams, CuptiOptions())  # type: ignore[arg-type]
-        tracker = StallTracker(stream.read_bytes())
+        tracker = StallTracker(data)
         sys.setprofile(tracker)
         try:
             collector.collect(writer, keep_streams=True)

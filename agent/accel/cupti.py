@@ -1,7 +1,8 @@
 """NVIDIA stall sampling for targets that aiflame starts: prepare the child's environment so CUDA loads
-aiflame's CUPTI injection library, then read each process's stream from its private directory and store the
-RawStallSample and GpuCode records that symbolize/vendor/cupti_stream.py (the format's one reader and converter,
-which `aiflame import` uses too) makes of it.
+aiflame's CUPTI injection library, then store each process's stream from its private directory in the capture as
+it is (core.raw.RawStream). The stream is read and converted into stall samples and cubins on the road, by
+symbolize/vendor/cupti_stream.py (the format's one reader and converter, which `aiflame import` uses too): the
+agent never parses what a target wrote.
 
 CUPTI works only inside the target and only from its CUDA initialization on, so a `--pid` target cannot be
 sampled this way; `pid_target_warning` says so when such a target used CUDA.
@@ -21,9 +22,8 @@ from typing import Protocol
 from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection, find_cupti
 from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
 from aiflame.core.errors import HostError, Refused, Unreadable
-from aiflame.core.raw import GpuCode, RawStallSample
+from aiflame.core.raw import RawStallSample, RawStream
 from aiflame.core.safe_files import OutputDir, read_regular
-from aiflame.symbolize.vendor.cupti_stream import parse_stream, stalls_from_stream
 
 __all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti"]
 
@@ -63,14 +63,13 @@ class CuptiOptions:
 class StallWriter(Protocol):
     def add_stalls(self, samples: Iterable[RawStallSample]) -> None: ...
 
-    def add_gpu_code(self, c: GpuCode) -> bool: ...
+    def add_stream(self, st: RawStream) -> None: ...
 
 
 @dataclass
 class CuptiResult:
-    """What the streams held: samples stored, drop counters (footer), one-line warnings."""
+    """Streams stored (one per process that initialized CUDA), counters (footer), one-line warnings."""
 
-    samples: int = 0
     processes: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -142,49 +141,24 @@ class CuptiCollector:
         return env
 
     def collect(self, writer: StallWriter, keep_streams: bool = False) -> CuptiResult:
-        """Read every stream, store samples and cubins through `writer`, and remove the streams (unless
-        `keep_streams`, or one could not be read)."""
+        """Store every process's stream in the capture through `writer`, as it is (the road reads and converts
+        it: symbolize/vendor/cupti_stream.py `capture_stalls`), and remove the streams (unless `keep_streams`, or
+        one could not be read)."""
         res = CuptiResult()
-        counts: Counter[str] = Counter()
-        errors: dict[tuple[str, str], list[int]] = {}
         unreadable = False
         # The writer stops at max_stream_bytes; its header and last record may pass that a little.
         limit = self.options.max_stream_bytes + (1 << 20)
         for name in self.streams.streams():
-            path = self.stream_dir / name
             try:
-                stream = parse_stream(self.streams.read(name, limit), name, keep_pcs=False)
+                data = self.streams.read(name, limit)
             except (OSError, Unreadable) as e:
-                res.warnings.append(f"{path}: {e.strerror}" if isinstance(e, OSError) else str(e))
-                counts["cupti_streams_unreadable"] += 1
+                why = e.strerror if isinstance(e, OSError) else str(e)
+                res.warnings.append(f"{self.stream_dir / name}: {why}")
+                res.counters["cupti_streams_unreadable"] = res.counters.get("cupti_streams_unreadable", 0) + 1
                 unreadable = True
                 continue
+            writer.add_stream(RawStream("cupti", name, data))
             res.processes += 1
-            samples, code, c = stalls_from_stream(stream)
-            counts.update(c)
-            for gc in code:
-                writer.add_gpu_code(gc)
-            writer.add_stalls(samples)
-            res.samples += sum(s.count for s in samples)
-            for err in stream.errors:
-                errors.setdefault((err.stage, err.message), []).append(stream.pid)
-            if stream.problems:
-                counts["cupti_records_skipped"] += len(stream.problems)
-                res.warnings.append(f"CUPTI stream of pid {stream.pid}: {stream.problems[0]}"
-                                    + (f" (+{len(stream.problems) - 1} more)" if len(stream.problems) > 1 else ""))
-            if not stream.complete:
-                counts["cupti_streams_cut_short"] += 1
-                if stream.batches or stream.cubins:
-                    res.warnings.append(f"CUPTI stream of pid {stream.pid} was cut short (the process did not "
-                                        "exit normally): its last samples may be missing")
-        for (stage, message), pids in errors.items():
-            who = f"pid {pids[0]}" if len(pids) == 1 else f"{len(pids)} processes"
-            res.warnings.append(f"NVIDIA stall sampling in {who}: {stage}: {message}")
-        dropped = counts["cupti_samples_dropped"] + counts["cupti_dropped_samples"]
-        if dropped:
-            res.warnings.append(f"{dropped} GPU stall samples were dropped (CUPTI buffer or aiflame stream limits); "
-                                "see the capture's cupti_* counters")
-        res.counters = {k: v for k, v in counts.items() if v}
         if not keep_streams and not unreadable:
             self.streams.remove()
         self.streams.close()

@@ -41,9 +41,9 @@ def export_capture(capture: Path, formats: tuple[str, ...], title: str,
                    native: NativeSymbolizer) -> tuple[list[Path], list[str]]:
     """Write `formats` of `capture`'s views next to it (symbolize/road.py, exporters/write.py); "chakra" writes one
     `profile.<rank>.et` per rank."""
-    done = write_views(open_capture(capture, native=native).views(), formats, capture.parent,
-                       svg_options=lambda v: {"title": f"{title} ({v.stem})"})
-    return done.files, done.notes
+    opened = open_capture(capture, native=native)
+    done = write_views(opened.views(), formats, capture.parent, svg_options=lambda v: {"title": f"{title} ({v.stem})"})
+    return done.files, [*opened.warnings, *done.notes]
 
 
 class ExportWorker:

@@ -69,10 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Execute the parsed `annotate` command; its errors (BadInput and its kinds) reach main as one line."""
-    from aiflame.core.capture import read_capture
     from aiflame.symbolize.annotate import annotate_any
+    from aiflame.symbolize.road import read
 
-    cap = read_capture(args.capture)
+    cap, _warnings = read(args.capture)  # `profile` told them
     ann = annotate_any(cap, args.symbol, kind=args.kind, dso=args.dso, hot=args.hot,
                    debug_dirs=(*args.debug_dir, "/usr/lib/debug"), sass=not args.no_sass, source=not args.no_source)
     console = Console(highlight=False, soft_wrap=True)

@@ -201,6 +201,7 @@ def _write_views(args: argparse.Namespace, cfg: SessionConfig, result: SessionRe
 
     progress.phase(f"symbolizing {result.stats.samples} samples")
     capture = open_capture(result.capture, stack_options(args), symbolizer(args.debug_dir))
+    result.warnings.extend(capture.warnings)
     target = cfg.command and " ".join(cfg.command) or ("all processes" if args.all else f"pid {args.pid}")
 
     def svg_options(v: View) -> dict[str, object]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiflame.core.capture import is_capture, read_capture
+from aiflame.core.capture import is_capture
 from aiflame.core.errors import BadInput, NothingToShow, Unreadable
 from aiflame.symbolize.accel.cubin import Cubin, Kernel, parse_cubin
 from aiflame.symbolize.accel.fatbin import FatbinEntry, iter_entries, read_fatbin_file
@@ -143,7 +143,9 @@ def _is_capture(path: str | os.PathLike[str]) -> bool:
 def _capture_entries(path: str | os.PathLike[str]) -> list[FatbinEntry]:
     """The cubins an aiflame capture stored (and those inside fatbins it copied from memory), numbered in order."""
     label = os.fsdecode(path)
-    cap = read_capture(Path(path))
+    from aiflame.symbolize.road import read  # here: the road reaches this module through the views
+
+    cap, _warnings = read(Path(path))  # the cubins of its CUPTI streams too
     out: list[FatbinEntry] = []
     for code in cap.gpu_code:
         if code.kind == "cubin" and code.data:

@@ -14,8 +14,10 @@ of instructions); `keep_pcs` also keeps every record in its batch, for tests of 
 payload does not match its type is skipped and named in `problems`; a foreign file or an unknown version raises
 Unreadable.
 
-`stalls_from_stream` turns a parsed stream into the capture's records (RawStallSample, GpuCode), for the live
-collector (agent/accel/cupti.py) and `aiflame import` alike.
+`stalls_from_stream` turns a parsed stream into the capture's records (RawStallSample, GpuCode). The live
+collector (agent/accel/cupti.py) stores each process's stream in the capture as it is (core.raw.RawStream);
+`stream_stalls` reads and converts them on the road (symbolize/road.py), and `aiflame import` converts a stream
+file the same way.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiflame.core.errors import Unreadable
-from aiflame.core.raw import GpuCode, RawStallSample
+from aiflame.core.raw import GpuCode, RawStallSample, RawStream
 from aiflame.symbolize.accel.cubin import cubin_arch
 
 __all__ = ["MAGIC", "NOT_ISSUED_SUFFIX", "VERSION", "CubinRecord", "CuptiStream", "PcBatch", "PcRecord", "PcTotal",
-           "RecordType", "StreamError", "parse_stream", "reason_counts", "stalls_from_stream"]
+           "RecordType", "StreamError", "StreamStalls", "parse_stream", "reason_counts", "stalls_from_stream",
+           "stream_stalls"]
 
 MAGIC = b"AIFLCUPT"
 # CUPTI names the subset of a reason's samples in which no instruction issued `<reason>` + this suffix.
@@ -376,4 +379,64 @@ def reason_counts(pairs: Iterable[tuple[int, int]], table: Mapping[int, str], co
             counts["cupti_not_issued_over_reason"] += sub
             counts["cupti_not_issued_samples"] += sub
             out.append((base, sub, True))
+    return out
+
+
+@dataclass
+class StreamStalls:
+    """What a capture's stored streams hold, read and converted (`stream_stalls`)."""
+
+    stalls: list[RawStallSample] = field(default_factory=list)
+    code: list[GpuCode] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)  # cupti_*: for the capture's footer
+    warnings: list[str] = field(default_factory=list)  # one line each
+
+
+def stream_stalls(streams: Sequence[RawStream]) -> StreamStalls:
+    """Read and convert the streams the live collector stored in a capture (core.raw.Capture `streams`): their
+    samples, cubins and `cupti_*` counters, and the one-line warnings they call for (errors the injection
+    library met, records skipped, streams cut short or unreadable, samples dropped). `Capture.converted` puts
+    them in the capture."""
+    out = StreamStalls()
+    counts: Counter[str] = Counter()
+    errors: dict[tuple[str, str], list[int]] = {}
+    for st in streams:
+        if st.format != "cupti":
+            out.warnings.append(f"{st.name}: a stall stream of format {st.format!r}, which this aiflame does not "
+                                "read, left out")
+            continue
+        try:
+            stream = parse_stream(st.data, st.name, keep_pcs=False)
+        except Unreadable as e:
+            out.warnings.append(str(e))
+            counts["cupti_streams_unreadable"] += 1
+            continue
+        samples, cubins, c = stalls_from_stream(stream)
+        counts.update(c)
+        out.stalls += samples
+        out.code += cubins
+        for err in stream.errors:
+            errors.setdefault((err.stage, err.message), []).append(stream.pid)
+        out.warnings += _stream_problems(stream)
+        counts["cupti_records_skipped"] += len(stream.problems)
+        counts["cupti_streams_cut_short"] += not stream.complete
+    for (stage, message), pids in errors.items():
+        who = f"pid {pids[0]}" if len(pids) == 1 else f"{len(pids)} processes"
+        out.warnings.append(f"NVIDIA stall sampling in {who}: {stage}: {message}")
+    dropped = counts["cupti_samples_dropped"] + counts["cupti_dropped_samples"]
+    if dropped:
+        out.warnings.append(f"{dropped} GPU stall samples were dropped (CUPTI buffer or aiflame stream limits); "
+                            "see the capture's cupti_* counters")
+    out.counters = {k: v for k, v in counts.items() if v}
+    return out
+
+
+def _stream_problems(stream: CuptiStream) -> list[str]:
+    out: list[str] = []
+    if stream.problems:
+        more = f" (+{len(stream.problems) - 1} more)" if len(stream.problems) > 1 else ""
+        out.append(f"CUPTI stream of pid {stream.pid}: {stream.problems[0]}{more}")
+    if not stream.complete and (stream.batches or stream.cubins):
+        out.append(f"CUPTI stream of pid {stream.pid} was cut short (the process did not exit normally): its last "
+                   "samples may be missing")
     return out

@@ -58,7 +58,7 @@ def import_records(
 
     if fmt not in FORMATS:
         raise BadInput(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
-    cap = read_capture(capture)
+    cap = _with_stream_stalls(read_capture(capture))
     got = _Imported()
     if fmt == "xe":
         if platform is None:
@@ -148,12 +148,22 @@ def _import_cupti(got: _Imported, records: list[Path], pid: int) -> None:
             got.add({"cupti_stream_problems": len(stream.problems) + (not stream.complete)})
 
 
+def _with_stream_stalls(cap: Capture) -> Capture:
+    """`cap` with the stall samples of the CUPTI streams it stores (what its `profile` already warned of)."""
+    from aiflame.symbolize.vendor.cupti_stream import stream_stalls
+
+    if not cap.streams:
+        return cap
+    got = stream_stalls(cap.streams)
+    return cap.converted(got.stalls, got.code, got.counters)
+
+
 def _import_captures(got: _Imported, records: list[Path]) -> None:
     from aiflame.core.capture import read_capture
 
     for path in records:
         _read(path, "an aiflame capture")
-        other = read_capture(path)
+        other = _with_stream_stalls(read_capture(path))
         if not other.stalls:
             got.notes.append(f"{path}: a capture without stall samples")
         got.stalls.extend(other.stalls)

@@ -278,6 +278,47 @@ def test_pieces_out_of_order_are_corrupt(tmp_path: Path) -> None:
         read_capture(bad, partial=True)
 
 
+@given(st.lists(st.binary(max_size=300), max_size=4), st.integers(8, 64))
+@settings(max_examples=40, deadline=None)
+def test_streams_round_trip_whole_or_in_pieces(tmp_path_factory: pytest.TempPathFactory, datas: list[bytes],
+                                               piece: int) -> None:
+    """A vendor's stall stream (stored by the live CUPTI collector as its library wrote it) reads back byte for
+    byte, in order, whether it fits one record or was split into pieces (the piece size lowered here)."""
+    from aiflame.core import capture as capmod
+    from aiflame.core.raw import RawStream
+
+    cap = _capture([])
+    cap.streams = [RawStream("cupti", f"cupti-{i}.stream", d) for i, d in enumerate(datas)]
+    path = tmp_path_factory.mktemp("s") / "c.aiflame"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(capmod, "MAX_PIECE", piece)
+        write_capture(path, cap)
+    kinds = [k for k, _n in _records_sizes(path) if k == "stream"]
+    assert len(kinds) == sum(max(1, -(-len(d) // piece)) for d in datas)
+    assert read_capture(path).streams == cap.streams
+
+
+def test_a_stream_piece_out_of_order_is_corrupt_and_a_cut_one_left_out(tmp_path: Path) -> None:
+    from aiflame.core import aiflame_capture_pb2 as pb
+    from aiflame.core.capture import _varint
+
+    def records(*recs: pb.Record) -> bytes:
+        head = pb.Record(header=pb.Header(format_version=FORMAT_VERSION)).SerializeToString()
+        out = MAGIC + _varint(len(head)) + head
+        for r in recs:
+            data = r.SerializeToString()
+            out += _varint(len(data)) + data
+        return out
+
+    bad = tmp_path / "bad.aiflame"
+    bad.write_bytes(records(pb.Record(stream=pb.Stream(format="cupti", name="s", data=b"abc", size=10, offset=3))))
+    with pytest.raises(Unreadable, match=r"stream s: a piece out of order"):
+        read_capture(bad, partial=True)
+    cut = tmp_path / "cut.aiflame"
+    cut.write_bytes(records(pb.Record(stream=pb.Stream(format="cupti", name="s", data=b"abc", size=10))))
+    assert read_capture(cut, partial=True).streams == []
+
+
 def test_an_oversize_record_of_an_older_writer_is_refused_with_the_fix_and_recovered(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Captures written before the split hold a record over the limit: reading names `aiflame recover`, which

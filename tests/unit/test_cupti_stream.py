@@ -224,8 +224,8 @@ class _Sink:
     def add_stalls(self, samples: Iterable[object]) -> None:
         self.stalls.extend(samples)
 
-    def add_gpu_code(self, c: object) -> bool:
-        return True
+    def add_stream(self, st: object) -> None:
+        self.stalls.append(st)
 
 
 def test_planted_files_in_the_stream_directory_are_refused_fast(tmp_path: Path) -> None:
@@ -252,6 +252,38 @@ def test_planted_files_in_the_stream_directory_are_refused_fast(tmp_path: Path) 
     assert res.counters.get("cupti_streams_unreadable") == 3 and res.processes == 0
     assert any("not a regular file" in w for w in res.warnings), res.warnings
     assert any("more than the" in w for w in res.warnings), res.warnings
+
+
+def test_the_collector_stores_streams_whole_and_the_road_converts_them(tmp_path: Path) -> None:
+    """The agent never parses what a target wrote: it stores each stream as it is; reading the capture (the road)
+    converts them, warns of the bad one (kept in the capture, not lost) and counts both."""
+    # Oracle: the stream's samples by construction (19 = 10 + 5 + 4 of `_not_issued_stream`), the foreign one's bytes
+    from typing import Any, cast
+
+    from aiflame.agent.accel.cupti import CuptiCollector, CuptiOptions, StreamDir
+    from aiflame.core.capture import CaptureWriter, new_header, read_capture
+    from aiflame.core.raw import CaptureFooter
+    from aiflame.symbolize.road import read
+
+    sd = StreamDir(tmp_path)
+    good = _not_issued_stream([(0, 10), (1, 7), (2, 5), (3, 4), (4, 4)])
+    (sd.path / "cupti-7.stream").write_bytes(good)
+    (sd.path / "cupti-8.stream").write_bytes(b"not a stream at all, but 24+ bytes long")
+    col = CuptiCollector(cast(Any, None), tmp_path / "lib.so", sd, CuptiOptions())
+    path = tmp_path / "c.aiflame"
+    w = CaptureWriter(path, new_header(99, "cpu-clock", ("aiflame",), "test", {}))
+    res = col.collect(w)
+    w.close(CaptureFooter(counters={"cupti_processes": res.processes}))
+    assert res.processes == 2 and res.warnings == [] and not sd.path.exists()
+    raw = read_capture(path)
+    assert [(x.format, x.name, len(x.data)) for x in raw.streams] == [
+        ("cupti", "cupti-7.stream", len(good)), ("cupti", "cupti-8.stream", 39)] and raw.stalls == []
+    cap, warnings = read(path)
+    assert cap.streams == [] and sum(x.count for x in cap.stalls) == 19
+    assert warnings == ["cupti-8.stream: not an aiflame CUPTI stream (bad magic)"]
+    assert cap.footer is not None
+    assert {k: cap.footer.counters.get(k) for k in ("cupti_processes", "cupti_samples", "cupti_streams_unreadable")
+            } == {"cupti_processes": 2, "cupti_samples": 19, "cupti_streams_unreadable": 1}
 
 
 def _not_issued_stream(pairs: list[tuple[int, int]]) -> bytes:
