@@ -20,7 +20,7 @@ from aiflame.agent.runtimes import all_runtimes
 from aiflame.agent.runtimes.manager import ProbeManager
 from aiflame.core.capture import CaptureWriter
 from aiflame.core.model import EventKind
-from aiflame.core.raw import PyRuntimeInfo, RawSample
+from aiflame.core.raw import PyRuntimeInfo, RawEvent, RawSample
 from aiflame.symbolize.objfmt.kallsyms import KernelSymbols
 
 FIRST_COLLECTIVE = -1  # samples_from_ns: wait for the first collective call
@@ -29,6 +29,12 @@ REMAP_MIN_S = 0.5  # re-read a process's maps at most this often when addresses 
 
 def mono_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def named_codes(items: Iterable[RawSample | RawEvent]) -> list[tuple[int, int]]:
+    """The (pid, code address) of every Python frame of `items`, in order, each once: what the Python plug-in
+    resolves (it never needs the samples themselves)."""
+    return list(dict.fromkeys((s.pid, f.code) for s in items for f in s.py))
 
 
 @dataclass
@@ -212,7 +218,7 @@ class CapturePipeline:
         blocked = sum(1 for s in self._samples if s.off_cpu_ns)
         self.stats.samples += len(self._samples) - blocked
         self.stats.blocks += blocked
-        for code in self.python.codes(self._samples, mono_ns()):
+        for code in self.python.codes(named_codes(self._samples), mono_ns()):
             writer.add_py_code(code)
         writer.add_samples(self._samples)
         self._samples.clear()
@@ -235,7 +241,7 @@ class CapturePipeline:
         # A probed call runs in a library mapped just before (its target was stopped at the open): a shorter
         # wait than for samples, and only the call and its caller need to be inside the mappings.
         self._refresh_mappings(((e.pid, e.user[:2]) for e in events), REMAP_MIN_S / 5)
-        for py_code in self.python.codes(events, mono_ns()):
+        for py_code in self.python.codes(named_codes(events), mono_ns()):
             writer.add_py_code(py_code)
         if self.samples_from_ns == FIRST_COLLECTIVE:
             starts = [e.start_ns for e in events if e.kind == EventKind.COLLECTIVE.value]
@@ -329,7 +335,7 @@ class CapturePipeline:
             self._attach_python(pid, force=True)  # before the calls it is about to make
         # Python code objects named so far must be read while the process lives (it may be about to exit).
         self.write_probe_output()
-        for code in self.python.codes([s for s in self._samples if s.pid == pid], mono_ns()):
+        for code in self.python.codes(named_codes(s for s in self._samples if s.pid == pid), mono_ns()):
             writer.add_py_code(code)
 
     def _on_probe(self, rec: ProbeRecord) -> None:

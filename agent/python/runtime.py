@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiflame.agent.kernel.records import PyProcRec
 from aiflame.agent.python.detect import PyTarget, PythonNotLoaded, detect_python
 from aiflame.core.errors import HostError
 from aiflame.core.python_layouts import PyLayout
-from aiflame.core.raw import PyCode, PyRuntimeInfo, RawEvent, RawSample
+from aiflame.core.raw import PyCode, PyRuntimeInfo
 from aiflame.symbolize.python.code import CodeResolver
 
 log = logging.getLogger(__name__)
@@ -97,26 +97,22 @@ class PythonPlugin:
         v = ".".join(map(str, t.version))
         return t, PyRuntimeInfo(pid, v, t.layout.source, t.binary)
 
-    def codes(self, samples: Sequence[RawSample | RawEvent], time_ns: int) -> list[PyCode]:
-        """Code objects named by `samples` that were not yet recorded (or changed at the same address)."""
+    def codes(self, named: Iterable[tuple[int, int]], time_ns: int) -> list[PyCode]:
+        """Code objects named by the (pid, code address) pairs `named` (agent/pipeline.py: of samples or events) that
+        were not yet recorded (or changed at the same address). Each is re-validated once per call."""
         out: list[PyCode] = []
-        seen: set[tuple[int, int]] = set()  # each code object is re-validated once per drain, not per sample
-        for s in samples:
-            proc = self.procs.get(s.pid)
-            if proc is None or not s.py:
+        for pid, addr in dict.fromkeys(named):
+            proc = self.procs.get(pid)
+            if proc is None:
                 continue
-            for f in s.py:
-                if (s.pid, f.code) in seen:
-                    continue
-                seen.add((s.pid, f.code))
-                info = proc.resolver.resolve(f.code)
-                if info is None:
-                    continue
-                key = (info.qualname, info.filename, info.firstlineno)
-                if proc.written.get(f.code) == key:
-                    continue
-                proc.written[f.code] = key
-                out.append(PyCode(s.pid, f.code, time_ns, info))
+            info = proc.resolver.resolve(addr)
+            if info is None:
+                continue
+            key = (info.qualname, info.filename, info.firstlineno)
+            if proc.written.get(addr) == key:
+                continue
+            proc.written[addr] = key
+            out.append(PyCode(pid, addr, time_ns, info))
         return out
 
     def close(self) -> None:
