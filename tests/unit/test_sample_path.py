@@ -12,7 +12,8 @@ from tests.sample_path import layer_of, layers_reentered, modules, trace_cpu_sam
 # The modules handed the sample (or what holds it) by a call, today; the ring buffer's consumer
 # (agent/kernel/ringbuf.py), where its bytes come from, before them.
 CROSSED = {
-    "agent/kernel/sampler.py", "agent/kernel/decode.py", "agent/pipeline.py", "core/capture.py", "symbolize/stacks.py", "symbolize/road.py", "symbolize/views.py", "exporters/write.py",
+    "agent/kernel/sampler.py", "agent/kernel/decode.py", "agent/pipeline.py", "core/capture.py",
+    "symbolize/stacks.py", "symbolize/road.py", "symbolize/views.py", "exporters/write.py",
     "exporters/base.py", "exporters/folded.py",
 }
 # No layer is re-entered: the road's composer and the views are in symbolize, the writer alone in exporters
