@@ -255,11 +255,11 @@ class Capture:
     footer: CaptureFooter | None = None
     streams: list[RawStream] = field(default_factory=list)  # not yet converted into `stalls` and `gpu_code`
 
-    def converted(self, stalls: Iterable[RawStallSample], code: Iterable[GpuCode],
-                  counters: KeyValues[str, int]) -> Capture:
+    def converted(self, stalls: Iterable[RawStallSample], code: Iterable[GpuCode], counters: KeyValues[str, int],
+                  left: Iterable[RawStream] = ()) -> Capture:
         """This capture with its streams replaced by what was read from them: their stall samples, their code
         objects (each digest once) and their counters (added to the footer's; a capture read as cut short has
-        no footer to add them to)."""
+        no footer to add them to); `left`: the streams that could not be converted, kept as they are."""
         have = {c.digest for c in self.gpu_code}
         new = []
         for c in code:
@@ -273,4 +273,4 @@ class Capture:
                 merged[k] = merged.get(k, 0) + v
             footer = dataclasses.replace(footer, counters=merged)
         return dataclasses.replace(self, gpu_code=[*self.gpu_code, *new], stalls=[*self.stalls, *stalls],
-                                   footer=footer, streams=[])
+                                   footer=footer, streams=list(left))

@@ -70,4 +70,4 @@ def read(path: Path) -> tuple[Capture, list[str]]:
     if not cap.streams:
         return cap, []
     got = stream_stalls(cap.streams)
-    return cap.converted(got.stalls, got.code, got.counters), got.warnings
+    return cap.converted(got.stalls, got.code, got.counters, got.left), got.warnings

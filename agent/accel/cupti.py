@@ -11,6 +11,7 @@ sampled this way; `pid_target_warning` says so when such a target used CUDA.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 from collections import Counter
@@ -24,10 +25,13 @@ from aiflame.agent.accel.xe_stream import XeEuStall, find_xe_devices, start_all
 from aiflame.core.errors import HostError, Refused, Unreadable
 from aiflame.core.raw import RawStallSample, RawStream
 from aiflame.core.safe_files import OutputDir, read_regular
+from aiflame.symbolize.vendor.cupti_stream import MAGIC as STREAM_MAGIC
 
 __all__ = ["CuptiCollector", "CuptiOptions", "CuptiResult", "GpuSamples", "pid_target_warning", "prepare_cupti"]
 
 STREAM_PREFIX = ".cupti-"  # + random: one private stream directory per capture, in its output directory
+# What the injection library names a stream: cupti-PID.stream, or cupti-PID.N.stream when that one exists.
+STREAM_NAME = re.compile(r"cupti-[0-9]{1,10}(\.[0-9]{1,10})?\.stream", re.ASCII)
 NO_CUPTI = ("NVIDIA stall samples need NVIDIA's CUPTI: `pip install nvidia-cuda-cupti` into aiflame's "
             "environment (the CUDA program ran unsampled)")
 
@@ -149,11 +153,17 @@ class CuptiCollector:
         # The writer stops at max_stream_bytes; its header and last record may pass that a little.
         limit = self.options.max_stream_bytes + (1 << 20)
         for name in self.streams.streams():
-            try:
-                data = self.streams.read(name, limit)
-            except (OSError, Unreadable) as e:
-                why = e.strerror if isinstance(e, OSError) else str(e)
-                res.warnings.append(f"{self.stream_dir / name}: {why}")
+            why = None if STREAM_NAME.fullmatch(name) else "not the name of a stream"
+            data = b""
+            if why is None:
+                try:
+                    data = self.streams.read(name, limit)
+                except (OSError, Unreadable) as e:
+                    why = e.strerror if isinstance(e, OSError) else str(e)
+            if why is None and not data.startswith(STREAM_MAGIC):
+                why = "not an aiflame CUPTI stream (bad magic)"
+            if why is not None:  # left where it is; the name is the target's: shown escaped
+                res.warnings.append(f"{ascii(str(self.stream_dir / name))}: {why}")
                 res.counters["cupti_streams_unreadable"] = res.counters.get("cupti_streams_unreadable", 0) + 1
                 unreadable = True
                 continue

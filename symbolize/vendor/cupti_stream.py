@@ -390,6 +390,7 @@ class StreamStalls:
     code: list[GpuCode] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)  # cupti_*: for the capture's footer
     warnings: list[str] = field(default_factory=list)  # one line each
+    left: list[RawStream] = field(default_factory=list)  # not converted (unreadable, another format): kept
 
 
 def stream_stalls(streams: Sequence[RawStream]) -> StreamStalls:
@@ -404,12 +405,14 @@ def stream_stalls(streams: Sequence[RawStream]) -> StreamStalls:
         if st.format != "cupti":
             out.warnings.append(f"{st.name}: a stall stream of format {st.format!r}, which this aiflame does not "
                                 "read, left out")
+            out.left.append(st)
             continue
         try:
             stream = parse_stream(st.data, st.name, keep_pcs=False)
         except Unreadable as e:
             out.warnings.append(str(e))
             counts["cupti_streams_unreadable"] += 1
+            out.left.append(st)
             continue
         samples, cubins, c = stalls_from_stream(stream)
         counts.update(c)

@@ -75,7 +75,7 @@ def import_records(
     new_code = [g for g in got.code if g.digest not in before and g.data]
     merged = Capture(cap.header, cap.samples, cap.processes, cap.kernel_symbols, cap.py_codes, cap.py_runtimes,
                      cap.events, [*cap.gpu_code, *new_code], [*cap.stalls, *stalls],
-                     cap.footer or CaptureFooter())
+                     cap.footer or CaptureFooter(), cap.streams)  # streams it could not convert stay
     assert merged.footer is not None
     for k, v in counters.items():
         merged.footer.counters[k] = merged.footer.counters.get(k, 0) + v
@@ -155,7 +155,7 @@ def _with_stream_stalls(cap: Capture) -> Capture:
     if not cap.streams:
         return cap
     got = stream_stalls(cap.streams)
-    return cap.converted(got.stalls, got.code, got.counters)
+    return cap.converted(got.stalls, got.code, got.counters, got.left)
 
 
 def _import_captures(got: _Imported, records: list[Path]) -> None:

@@ -15,6 +15,7 @@ import pytest
 from aiflame.agent.accel.cupti import STREAM_PREFIX
 from aiflame.agent.accel.cupti_build import CuptiInstall, build_injection
 from aiflame.core.capture import read_capture
+from aiflame.symbolize.road import read
 from aiflame.symbolize.vendor.cupti_stream import parse_stream
 from tests.conftest import PROGRAMS
 from tests.cuda_build import KERNELS_CU, build_cuda, cuda_root, no_driver_only
@@ -79,9 +80,11 @@ def test_cuda_program_under_profile_runs_unchanged_and_reports_no_driver(cupti: 
     gpu = [w for w in _warnings(proc.stderr) if "NVIDIA stall sampling" in w]
     assert len(gpu) == 1, proc.stderr
     assert "no_driver" in gpu[0] and "libcudart.so.13 was loaded" in gpu[0]
-    cap = read_capture(tmp_path / "profile.aiflame")
-    assert cap.footer is not None and cap.footer.counters.get("cupti_processes") == 1  # not sh, not ls
-    assert cap.stalls == []
+    raw = read_capture(tmp_path / "profile.aiflame")
+    assert [s.format for s in raw.streams] == ["cupti"]  # stored as the library wrote it: not sh, not ls
+    cap, warnings = read(tmp_path / "profile.aiflame")  # and read on the road, as `profile` did
+    assert cap.footer is not None and cap.footer.counters.get("cupti_processes") == 1
+    assert cap.stalls == [] and cap.streams == [] and any("no_driver" in w for w in warnings)
     assert not list(tmp_path.glob(STREAM_PREFIX + "*"))  # folded into the capture, then removed
 
 

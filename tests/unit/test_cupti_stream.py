@@ -244,14 +244,22 @@ def test_planted_files_in_the_stream_directory_are_refused_fast(tmp_path: Path) 
     (sd.path / "cupti-2.stream").symlink_to("/dev/zero")
     with open(sd.path / "cupti-3.stream", "wb") as f:
         f.truncate(8 << 30)
+    # A name that is no stream's (not UTF-8: it could not go into the capture), and a file that is no stream.
+    os.close(os.open(os.fsencode(sd.path) + b"/cupti-\xff.stream", os.O_CREAT | os.O_WRONLY, 0o600))
+    (sd.path / "cupti-4.stream").write_bytes(b"MZ" + bytes(100))
     opts = CuptiOptions(max_stream_bytes=1 << 20)
     col = CuptiCollector(cast(Any, None), tmp_path / "lib.so", sd, opts)
+    sink = _Sink()
     t0 = time.monotonic()
-    res = col.collect(_Sink())
+    res = col.collect(sink)
     assert time.monotonic() - t0 < 5
-    assert res.counters.get("cupti_streams_unreadable") == 3 and res.processes == 0
+    assert res.counters.get("cupti_streams_unreadable") == 5 and res.processes == 0 and sink.stalls == []
     assert any("not a regular file" in w for w in res.warnings), res.warnings
     assert any("more than the" in w for w in res.warnings), res.warnings
+    assert any("cupti-\\udcff.stream" in w and "not the name of a stream" in w for w in res.warnings), res.warnings
+    assert any("cupti-4.stream" in w and "bad magic" in w for w in res.warnings), res.warnings
+    assert all(w.isascii() for w in res.warnings)
+    assert (tmp_path / "out" / sd.name).is_dir()  # left for a look: nothing stored, nothing removed
 
 
 def test_the_collector_stores_streams_whole_and_the_road_converts_them(tmp_path: Path) -> None:
@@ -268,7 +276,8 @@ def test_the_collector_stores_streams_whole_and_the_road_converts_them(tmp_path:
     sd = StreamDir(tmp_path)
     good = _not_issued_stream([(0, 10), (1, 7), (2, 5), (3, 4), (4, 4)])
     (sd.path / "cupti-7.stream").write_bytes(good)
-    (sd.path / "cupti-8.stream").write_bytes(b"not a stream at all, but 24+ bytes long")
+    newer = _header(version=99) + b"records of a newer format"
+    (sd.path / "cupti-8.stream").write_bytes(newer)
     col = CuptiCollector(cast(Any, None), tmp_path / "lib.so", sd, CuptiOptions())
     path = tmp_path / "c.aiflame"
     w = CaptureWriter(path, new_header(99, "cpu-clock", ("aiflame",), "test", {}))
@@ -276,11 +285,12 @@ def test_the_collector_stores_streams_whole_and_the_road_converts_them(tmp_path:
     w.close(CaptureFooter(counters={"cupti_processes": res.processes}))
     assert res.processes == 2 and res.warnings == [] and not sd.path.exists()
     raw = read_capture(path)
-    assert [(x.format, x.name, len(x.data)) for x in raw.streams] == [
-        ("cupti", "cupti-7.stream", len(good)), ("cupti", "cupti-8.stream", 39)] and raw.stalls == []
+    assert [(x.format, x.name, x.data) for x in raw.streams] == [
+        ("cupti", "cupti-7.stream", good), ("cupti", "cupti-8.stream", newer)] and raw.stalls == []
     cap, warnings = read(path)
-    assert cap.streams == [] and sum(x.count for x in cap.stalls) == 19
-    assert warnings == ["cupti-8.stream: not an aiflame CUPTI stream (bad magic)"]
+    assert sum(x.count for x in cap.stalls) == 19
+    assert cap.streams == raw.streams[1:]  # the one this aiflame cannot read stays, for a newer one
+    assert warnings == ["cupti-8.stream: CUPTI stream version 99, this aiflame reads 1"]
     assert cap.footer is not None
     assert {k: cap.footer.counters.get(k) for k in ("cupti_processes", "cupti_samples", "cupti_streams_unreadable")
             } == {"cupti_processes": 2, "cupti_samples": 19, "cupti_streams_unreadable": 1}
@@ -437,3 +447,23 @@ def test_the_library_sums_drains_into_one_record(cupti: CuptiInstall, tmp_path: 
         batch["total"], batch["dropped"], batch["non_user"], batch["full"])
     assert s.batches[0].time_ns == 1000  # the first drain's time
     assert (len(s.batches) == 1) == (pool < 1000)  # 30 drains, one record, unless the table filled
+
+
+def test_import_keeps_the_streams_it_cannot_convert(tmp_path: Path) -> None:
+    """`aiflame import` rewrites the capture with the stored streams converted: one this aiflame cannot read
+    is kept as it is, not dropped with the rewrite."""
+    # Oracle: the stream's samples by construction (19 of `_not_issued_stream`), the kept stream's bytes
+    from aiflame.core.capture import new_header, read_capture, write_capture
+    from aiflame.core.raw import Capture, CaptureFooter, RawStream
+    from aiflame.symbolize.vendor.stall_import import import_records
+
+    newer = RawStream("cupti", "cupti-8.stream", _header(version=99) + b"later")
+    stored = RawStream("cupti", "cupti-7.stream", _not_issued_stream([(0, 10), (1, 7), (2, 5), (3, 4), (4, 4)]))
+    path = tmp_path / "c.aiflame"
+    write_capture(path, Capture(new_header(99, "cpu-clock", ("aiflame",), "t", {}), footer=CaptureFooter(),
+                                streams=[stored, newer]))
+    records = tmp_path / "cupti-9.stream"
+    records.write_bytes(_not_issued_stream([(2, 3)]))
+    import_records(path, [records], "cupti", output=tmp_path / "out.aiflame")
+    out = read_capture(tmp_path / "out.aiflame")
+    assert out.streams == [newer] and sum(s.count for s in out.stalls) == 19 + 3
