@@ -33,11 +33,16 @@ TOOLKIT_BIN = Path("/usr/local/cuda/bin")
 KERNELS = ("stream_axpy", "fma_chain")
 
 
-def _tool(name: str) -> Path:
-    got = nvidia_bin(name) or (TOOLKIT_BIN / name if (TOOLKIT_BIN / name).is_file() else None)
-    if got is None:
-        pytest.fail(f"{name} not found (NVIDIA's wheels or /usr/local/cuda): a GPU host needs it for these tests")
-    return got
+def _toolkit() -> tuple[Path, Path]:
+    """nvcc and the libcudart.so.13 it links against: the CUDA toolkit's (a GPU host's), else NVIDIA's wheels."""
+    for nvcc, libs in ((TOOLKIT_BIN / "nvcc", TOOLKIT_BIN.parent / "lib64"), (nvidia_bin("nvcc"), None)):
+        if nvcc is None or not nvcc.is_file():
+            continue
+        libs = libs or Path(os.path.realpath(nvcc)).parent.parent / "lib"
+        found = sorted(libs.glob("libcudart.so.13*"))
+        if found:
+            return nvcc, found[0]
+    pytest.fail("no nvcc with a shared libcudart.so.13 (/usr/local/cuda or NVIDIA's wheels): a GPU host needs one")
 
 
 def _device_sm() -> int:
@@ -53,14 +58,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float
     """two_kernels built for this GPU and profiled for 2 s: (output dir, its JSON line, the capture read by the
     road, the road's warnings, the device SM)."""
     work = tmp_path_factory.mktemp("gpu")
-    nvcc = _tool("nvcc")
+    nvcc, cudart = _toolkit()
     sm = _device_sm()
-    lib = Path(os.path.realpath(nvcc)).parent.parent
-    libdir = next((d for d in (lib / "lib64", lib / "lib") if (d / "libcudart.so").exists()), None)
-    cudart = ["-cudart", "shared", "-L", str(libdir), "-Xlinker", f"-rpath={libdir}"] if libdir else []
+    # Linked to the shared cudart (the one the agent probes), through a libcudart.so link: wheels ship .so.13 alone.
+    (work / "lib").mkdir()
+    (work / "lib" / "libcudart.so").symlink_to(cudart)
     exe = work / "two_kernels"
-    subprocess.run([str(nvcc), "-O2", "-lineinfo", "-gencode", f"arch=compute_{sm},code=sm_{sm}", *cudart,
-                    "-Xcompiler", "-fno-omit-frame-pointer", "-o", str(exe), str(REPO / "bench/gpu/two_kernels.cu")],
+    subprocess.run([str(nvcc), "-O2", "-lineinfo", "-gencode", f"arch=compute_{sm},code=sm_{sm}", "-cudart", "shared",
+                    "-L", str(work / "lib"), "-Xlinker", f"-rpath={cudart.parent}", "-Xcompiler",
+                    "-fno-omit-frame-pointer", "-o", str(exe), str(REPO / "bench/gpu/two_kernels.cu")],
                    check=True, timeout=300)
     out = work / "out"
     proc = aiflame("profile", "-o", str(out), "--formats", "folded", "--launch-stacks", "0", "--", str(exe),
