@@ -154,6 +154,8 @@ ATTACKER = textwrap.dedent(r'''
     elif mode == "forks":                   # many children that stay (each one followed, until the map is full)
         n = int(args[0])
         say("ready")
+        while not os.path.exists("go"):     # the test creates it once the daemon watches this process
+            time.sleep(0.05)
         kids = []
         for i in range(n):
             pid = os.fork()

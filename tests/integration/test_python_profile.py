@@ -34,6 +34,14 @@ def _attach_capture(python: str, out: Path, seconds: float = 6.0, hz: int = 999)
     return out / "profile.aiflame"
 
 
+def _share_tolerance(share: float, n: int) -> float:
+    """Points a measured share may stray from `share` over `n` samples: 4, or 5 standard errors where the samples
+    are few. ~3,000 samples per thread on an idle host (0.9 points of spread, so 4 points is ~4.5 sigma); on a
+    loaded one the threads get less CPU time and fewer samples (1,333: 1.2 points), and the random order of the
+    calls adds its own spread, so the bound follows the count measured."""
+    return max(4.0, 5 * 100 * math.sqrt(share / 100 * (1 - share / 100) / n))
+
+
 @pytest.mark.parametrize("python", INTERPRETERS, ids=lambda p: p.split("/")[-3] if "pyenv" in p else "debian")
 def test_python_split_stacks_and_lines(python: str, tmp_path: Path) -> None:
     # Oracle: the workload's construction (60:40 and 75:25 splits, the HOT LINE marker)
@@ -59,11 +67,9 @@ def test_python_split_stacks_and_lines(python: str, tmp_path: Path) -> None:
         if leaf is not None and leaf.name == "spin":
             lines[leaf.line] += 1
     assert complete >= 0.99 * len(prof.samples), (complete, len(prof.samples))
-    # ~3000 samples per thread: the binomial spread of a share is ~0.9 points, so 4 points is ~4.5 sigma.
-    a, b = split["main"]["work_60"], split["main"]["work_40"]
-    assert a + b > 300 and abs(100 * a / (a + b) - 60) <= 4, (a, b)
-    c, d = split["worker"]["task_75"], split["worker"]["task_25"]
-    assert c + d > 300 and abs(100 * c / (c + d) - 75) <= 4, (c, d)
+    for (a, b), share in (((split["main"]["work_60"], split["main"]["work_40"]), 60),
+                          ((split["worker"]["task_75"], split["worker"]["task_25"]), 75)):
+        assert a + b > 300 and abs(100 * a / (a + b) - share) <= _share_tolerance(share, a + b), (a, b)
     # The line of the current instruction, not the function's first line: the loop body dominates.
     assert lines.most_common(1)[0][0] in (HOT_LINE, HOT_LINE - 1), lines
 
