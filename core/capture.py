@@ -171,6 +171,17 @@ STALL_BATCH = 4096  # samples per StallSamples record: bounded records, little f
 STALL_BATCH_BYTES = 8 << 20  # ... and at most about this many bytes (kernel names can be kilobytes long)
 
 
+def _pieces(data: bytes) -> Iterator[tuple[int, bytes, int]]:
+    """(offset, piece, size) for each record an object is stored in: itself whole (size 0), or pieces of
+    MAX_PIECE whose first one carries the whole size (`_joined` puts them back together)."""
+    if len(data) <= MAX_PIECE:
+        yield 0, data, 0
+        return
+    view = memoryview(data)
+    for off in range(0, len(data), MAX_PIECE):
+        yield off, bytes(view[off:off + MAX_PIECE]), len(data) if off == 0 else 0
+
+
 class CaptureWriter:
     """Streams records to `path` (written as `path.partial`, renamed on close so readers never see half a file).
 
@@ -236,30 +247,18 @@ class CaptureWriter:
         if c.digest in self._gpu_digests:
             return False
         self._gpu_digests.add(c.digest)
-        if len(c.data) <= MAX_PIECE:
-            self._write(pb.Record(gpu_code=pb.GpuCode(digest=c.digest, kind=c.kind, arch=c.arch, origin=c.origin,
-                                                      data=c.data)))
-            return True
-        view = memoryview(c.data)
-        for off in range(0, len(c.data), MAX_PIECE):
+        for off, data, size in _pieces(c.data):
             first = off == 0
             self._write(pb.Record(gpu_code=pb.GpuCode(
                 digest=c.digest, kind=c.kind if first else "", arch=c.arch if first else 0,
-                origin=c.origin if first else "", data=bytes(view[off:off + MAX_PIECE]),
-                size=len(c.data) if first else 0, offset=off)))
+                origin=c.origin if first else "", data=data, size=size, offset=off)))
         return True
 
     def add_stream(self, st: RawStream) -> None:
         """Store a vendor's stall stream whole (in pieces of MAX_PIECE when larger)."""
-        if len(st.data) <= MAX_PIECE:
-            self._write(pb.Record(stream=pb.Stream(format=st.format, name=st.name, data=st.data)))
-            return
-        view = memoryview(st.data)
-        for off in range(0, len(st.data), MAX_PIECE):
-            first = off == 0
-            self._write(pb.Record(stream=pb.Stream(
-                format=st.format if first else "", name=st.name, data=bytes(view[off:off + MAX_PIECE]),
-                size=len(st.data) if first else 0, offset=off)))
+        for off, data, size in _pieces(st.data):
+            self._write(pb.Record(stream=pb.Stream(format=st.format if off == 0 else "", name=st.name, data=data,
+                                                   size=size, offset=off)))
 
     def add_process(self, p: ProcessSnapshot) -> None:
         self._write(pb.Record(process=process_to_pb(p)))

@@ -146,7 +146,7 @@ class CuptiCollector:
 
     def collect(self, writer: StallWriter, keep_streams: bool = False) -> CuptiResult:
         """Store every process's stream in the capture through `writer`, as it is (the road reads and converts
-        it: symbolize/vendor/cupti_stream.py `capture_stalls`), and remove the streams (unless `keep_streams`, or
+        it: symbolize/vendor/cupti_stream.py `stream_stalls`), and remove the streams (unless `keep_streams`, or
         one could not be read)."""
         res = CuptiResult()
         unreadable = False

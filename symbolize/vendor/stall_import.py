@@ -54,11 +54,11 @@ def import_records(
     itself, replaced only when the caller says so). Raises BadInput (Unreadable for records or a capture that
     cannot be read), one line, before anything is written."""
     # here, not at the top: `aiflame` imports this module for FORMATS and LAYOUTS when it builds its parser
-    from aiflame.core.capture import read_capture, write_capture
+    from aiflame.core.capture import write_capture
 
     if fmt not in FORMATS:
         raise BadInput(f"unknown record format {fmt!r} (known: {', '.join(FORMATS)})")
-    cap = _with_stream_stalls(read_capture(capture))
+    cap = _read_converted(capture)
     got = _Imported()
     if fmt == "xe":
         if platform is None:
@@ -148,22 +148,18 @@ def _import_cupti(got: _Imported, records: list[Path], pid: int) -> None:
             got.add({"cupti_stream_problems": len(stream.problems) + (not stream.complete)})
 
 
-def _with_stream_stalls(cap: Capture) -> Capture:
-    """`cap` with the stall samples of the CUPTI streams it stores (what its `profile` already warned of)."""
-    from aiflame.symbolize.vendor.cupti_stream import stream_stalls
+def _read_converted(path: Path) -> Capture:
+    """The capture at `path` with the stall samples of the CUPTI streams it stores, read on the road (what its
+    `profile` already warned of)."""
+    from aiflame.symbolize.road import read
 
-    if not cap.streams:
-        return cap
-    got = stream_stalls(cap.streams)
-    return cap.converted(got.stalls, got.code, got.counters, got.left)
+    return read(path)[0]
 
 
 def _import_captures(got: _Imported, records: list[Path]) -> None:
-    from aiflame.core.capture import read_capture
-
     for path in records:
         _read(path, "an aiflame capture")
-        other = _with_stream_stalls(read_capture(path))
+        other = _read_converted(path)
         if not other.stalls:
             got.notes.append(f"{path}: a capture without stall samples")
         got.stalls.extend(other.stalls)
