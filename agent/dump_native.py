@@ -25,6 +25,7 @@ from aiflame.symbolize.objfmt.cfi.table import (
     CFA_PLT10,
     CFA_RBP,
     CFA_RSP,
+    RBP_AT_RBP,
     RBP_INVALID,
     RBP_OFFSET,
     UnwindTable,
@@ -197,6 +198,8 @@ class _Unwinder:
                     ra = self.mem.u64(cfa - 8)
                     if rule.rbp_type == RBP_OFFSET:
                         rbp = self.mem.u64(cfa + rule.rbp_off)
+                    elif rule.rbp_type == RBP_AT_RBP:
+                        rbp = self.mem.u64(rbp + rule.rbp_off)
                     elif rule.rbp_type == RBP_INVALID:
                         rbp = 0
                 elif kind == CFA_END:

@@ -44,7 +44,8 @@
 #define CFA_SIGNAL 8     /* signal trampoline: the interrupted registers are in the ucontext at rsp */
 #define RBP_SAME 0
 #define RBP_AT_CFA 1     /* rbp saved at CFA + rbp_off */
-#define RBP_INVALID 2
+#define RBP_INVALID 2    /* the caller's rbp is unknown: 0 from there on */
+#define RBP_AT_RBP 3     /* rbp saved at the frame's rbp + rbp_off (stack realignment, with CFA_DEREF_RBP) */
 
 /* why a user walk ended (the low byte of sample_rec.unwind) */
 #define UW_STOP_END 1          /* the outermost frame: a clean end */
@@ -52,7 +53,7 @@
 #define UW_STOP_NOT_COVERED 3  /* inside a file whose CFI has no row there, and no frame pointer to follow */
 #define UW_STOP_UNSUPPORTED 4  /* a CFA rule we cannot follow, and no frame pointer */
 #define UW_STOP_READ_FAULT 5   /* a stack read failed */
-#define UW_STOP_DEPTH 6        /* AIFLAME_MAX_STACK frames */
+#define UW_STOP_DEPTH 6        /* AIFLAME_MAX_STACK frames, or the walk's tail calls spent (UW_MAX_TAILS) */
 #define UW_STOP_FP_END 7       /* the frame-pointer chain ended (mappings without tables) */
 #define UW_STOP_EVICTED 8      /* the file's table was evicted from the pool */
 #define UW_USED_FP 0x100       /* at least one frame was found by frame pointer */

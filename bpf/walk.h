@@ -84,6 +84,7 @@ struct uw_state {
     u8 scan_now;  /* the step stopped at such code: scan before the next step */
     u8 scans;     /* scans done in this walk */
     u8 scan_retry;  /* the scan's last find was refused: search on above it (uw_scan_refused) */
+    u8 scan_jit;  /* the scan began in JIT code, which no file's code reaches by a direct call */
     u32 scan_n;   /* frames before the frame a scan found (0: none in question) */
     u64 scan_bp;  /* bp when that scan began */
     u64 scan_from;  /* where a search on above the refused find begins */
@@ -267,8 +268,10 @@ static __always_inline u32 uw_find_rule(struct uw_state *st, struct unwind_map *
 #define UW_PROG_STEP 0
 #define UW_PROG_FINISH 1
 #define UW_PROG_SCAN 2
-#define UW_MAX_SCANS 8       /* stack scans per walk */
-#define UW_SCAN_WORDS 128    /* words above sp a scan looks at */
+#define UW_MAX_SCANS 12      /* scan tail calls per walk */
+#define UW_MAX_TAILS 31      /* step and scan tail calls per walk: the kernel allows 33 in all, the finish's included */
+#define UW_SCAN_WORDS 128    /* words above sp one scan tail call looks at */
+#define UW_SCAN_WINDOWS 4    /* a scan looks up to this many times UW_SCAN_WORDS above sp, one tail call each */
 #ifndef AIFLAME_UW_FRAMES
 #define AIFLAME_UW_FRAMES 12
 #endif
@@ -385,14 +388,28 @@ static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct
             }
             continue;
         }
+        if (cfa && cfa <= sp) {
+            /* A caller's frame lies above its callee's: an rbp-based rule read with a stale rbp (one the JIT code
+             * below clobbered, or a rule that did not restore it) would walk in a loop. The frame is kept and its
+             * return address searched for as past code without CFI. */
+            if (st->scan_ok && st->scans < UW_MAX_SCANS)
+                st->scan_now = 1;
+            else
+                st->why |= UW_STOP_UNSUPPORTED;
+            done = 1;
+            break;
+        }
         if (cfa) {
             u64 ra = 0;
             if (uw_read(st, &ra, cfa - 8) != 0 ||
-                (r && r->rbp_type == RBP_AT_CFA && uw_read(st, &bp, cfa + r->rbp_off) != 0)) {
+                (r && r->rbp_type == RBP_AT_CFA && uw_read(st, &bp, cfa + r->rbp_off) != 0) ||
+                (r && r->rbp_type == RBP_AT_RBP && uw_read(st, &bp, bp + r->rbp_off) != 0)) {
                 st->why |= UW_STOP_READ_FAULT;
                 done = 1;
                 break;
             }
+            if (r && r->rbp_type == RBP_INVALID)
+                bp = 0;
             sp = cfa;
             pc = ra;
         } else {
@@ -444,13 +461,18 @@ static __always_inline int unwind_step(u64 *data, struct unwind_proc *p, struct 
  * stack into data. Returns 1 while the walk goes on and may take another tail call, 0 when it is over or out of
  * tail calls (then marked as stopped by depth). */
 /* Whether the walk just failed on what the last scan found: the word it took for a return address led, within a
- * frame, to an address in no mapping or a stack it could not read (a stale return address above sp: a JIT kernel's
- * spilled values, oneDNN's among them). Then the walk goes back to before that find and the scan searches on above
+ * frame, to an address in no mapping, a stack it could not read or a CFA not above sp (a stale return address
+ * above sp: a JIT kernel's spilled values, oneDNN's among them). Then the walk goes back to before that find and the scan searches on above
  * it, within the same window and the walk's UW_MAX_SCANS. */
+/* Whether the walk may take another step or scan tail call and still reach its finish program. */
+static __always_inline int uw_tail_room(struct uw_state *st) {
+    return st->calls + st->scans < UW_MAX_TAILS;
+}
+
 static __always_inline int uw_scan_refused(struct uw_state *st) {
     u32 stop = st->why & 0xff;
-    if (!st->scan_n || st->n > st->scan_n + 2 || st->scans >= UW_MAX_SCANS ||
-        (stop != UW_STOP_NO_MAPPING && stop != UW_STOP_READ_FAULT))
+    if (!st->scan_n || st->n > st->scan_n + 2 || st->scans >= UW_MAX_SCANS || !uw_tail_room(st) ||
+        (stop != UW_STOP_NO_MAPPING && stop != UW_STOP_READ_FAULT && stop != UW_STOP_UNSUPPORTED))
         return 0;
     st->why &= ~0xffu;
     st->scan_retry = 1;
@@ -463,23 +485,28 @@ static __always_inline int uw_walk_more(u64 *data, u32 pid, struct uw_state *st)
     int done = up ? unwind_step(data, up, st) : 1;
     st->calls++;
     if (done) {
+        if (st->scan_now && !uw_tail_room(st)) {
+            st->scan_now = 0;
+            st->why |= UW_STOP_DEPTH;  /* out of tail calls */
+        }
         uw_scan_refused(st);
         return 0;
     }
-    if (st->calls < AIFLAME_MAX_STACK / AIFLAME_UW_FRAMES + 2)
+    if (uw_tail_room(st))
         return 1;
     st->why |= UW_STOP_DEPTH;
     return 0;
 }
 
-/* Whether the code before return address `ra` is a call: e8 rel32, ff /2 with a register, [reg], [reg+disp8],
- * [reg+disp32] or [rip+disp32] operand (the forms compilers emit). Reads the 8 code bytes before ra. */
+/* Whether the code before return address `ra` is a call: 2 for e8 rel32 (direct), 1 for ff /2 with a register,
+ * [reg], [reg+disp8], [reg+disp32] or [rip+disp32] operand (the forms compilers emit), else 0. Reads the 8 code
+ * bytes before ra. */
 static __always_inline int uw_after_call(u64 ra) {
     u8 c[8];
     if (bpf_probe_read_user(c, 8, (void *)(ra - 8)) != 0)
         return 0;
     if (c[3] == 0xe8)                                  /* call rel32 */
-        return 1;
+        return 2;
     if (c[6] == 0xff && (c[7] & 0xf8) == 0xd0)         /* call reg */
         return 1;
     if (c[6] == 0xff && (c[7] & 0xf8) == 0x10 && (c[7] & 7) != 4 && (c[7] & 7) != 5)  /* call [reg] */
@@ -507,18 +534,25 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
     } else {
         st->scan_n = st->n;
         st->scan_bp = st->bp;
-        st->scan_end = st->sp + 8 * UW_SCAN_WORDS;
+        st->scan_end = st->sp + 8 * UW_SCAN_WORDS * UW_SCAN_WINDOWS;
+        st->scan_jit = st->jit;
     }
     st->scan_retry = 0;
     u64 sp = st->sp;
-    int found = 0;
+    int found = 0, more = 0;
     for (int i = 0; p && i < UW_SCAN_WORDS; i++) {
         u64 at = sp + 8 * i, v = 0;
         if (at >= st->scan_end || uw_read(st, &v, at) != 0)
             break;
+        more = i == UW_SCAN_WORDS - 1;  /* all of this call's words read, none taken: the next call reads on */
         if (v < 4096)
             continue;
-        if (!uw_find_map(p, st, v - 1) || !uw_after_call(v))
+        struct unwind_map *m = uw_find_map(p, st, v - 1);
+        if (!m)
+            continue;
+        int call = uw_after_call(v);
+        /* past JIT code, a direct call from a file is a stale return address (its callee was in that file) */
+        if (!call || (call == 2 && st->scan_jit && m->first_row != UW_ROWS_JIT))
             continue;
         st->pc = v;
         st->sp = at + 8;
@@ -527,8 +561,17 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
         found = 1;
         break;
     }
-    if (!found)
+    if (found && !uw_tail_room(st)) {
+        found = 0;
+        st->why |= UW_STOP_DEPTH;  /* out of tail calls */
+    } else if (!found && more && p && st->scans < UW_MAX_SCANS && uw_tail_room(st)) {
+        /* oneDNN's JIT kernels keep more than UW_SCAN_WORDS words of spills under their return address */
+        st->scan_from = sp + 8 * UW_SCAN_WORDS;
+        st->scan_retry = 1;
+        st->scan_now = 1;
+    } else if (!found && !(st->why & 0xff)) {
         st->why |= UW_STOP_NOT_COVERED;
+    }
     return found;
 }
 
@@ -571,6 +614,8 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
             return 0;                                                                        \
         if (uw_scan_ra(rec->pid, st))                                                        \
             KIND##_tail(ctx, UW_PROG_STEP);                                                  \
+        else if (st->scan_now)                                                               \
+            KIND##_tail(ctx, UW_PROG_SCAN);                                                  \
         UW_WALK_DONE(KIND, ctx, rec, st);                                                    \
         return 0;                                                                            \
     }

@@ -16,7 +16,7 @@ STOPS: dict[int, tuple[str, str]] = {
     3: ("not_covered", "address not covered by the file's CFI, no frame pointer"),
     4: ("unsupported", "CFA rule the unwinder cannot follow, no frame pointer"),
     5: ("read_fault", "stack read failed"),
-    6: ("depth", "depth limit (127 frames)"),
+    6: ("depth", "depth limit (127 frames, or the walk's 31 tail calls spent)"),
     7: ("fp_end", "frame-pointer chain ended (file without CFI table)"),
     8: ("evicted", "the file's table was evicted from the BPF pool"),
 }

@@ -68,7 +68,8 @@ def test_unwind_constants_agree() -> None:
                                    re.findall(r"^#define (\w+) (0x[0-9a-f]+)u\b", text, re.M)}
     kinds = {f"CFA_{name.upper()}": i for i, name in enumerate(cfi.CFA_KINDS)}
     assert {k: d[k] for k in kinds} == kinds
-    assert (d["RBP_SAME"], d["RBP_AT_CFA"], d["RBP_INVALID"]) == (cfi.RBP_UNCHANGED, cfi.RBP_OFFSET, cfi.RBP_INVALID)
+    assert (d["RBP_SAME"], d["RBP_AT_CFA"], d["RBP_INVALID"], d["RBP_AT_RBP"]) == (
+        cfi.RBP_UNCHANGED, cfi.RBP_OFFSET, cfi.RBP_INVALID, cfi.RBP_AT_RBP)
     stops = {v: k for k, v in d.items() if k.startswith("UW_STOP_")}
     assert stops == {code: f"UW_STOP_{key.upper()}" for code, (key, _) in STOPS.items()}
     assert d["UW_USED_SCAN"] == USED_SCAN

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from aiflame.core.capture import read_capture
 from aiflame.core.unwind import END, USED_SCAN, stop_of
 from tests.conftest import REPO
@@ -38,15 +40,17 @@ def test_a_walk_goes_on_past_a_function_without_cfi(tmp_path: Path) -> None:
     assert sum(1 for s in scanned if stop_of(s.unwind) == END) >= 0.85 * len(scanned)
 
 
-def test_a_walk_goes_on_past_jit_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("frame", ["leaf", "big"])
+def test_a_walk_goes_on_past_jit_code(tmp_path: Path, frame: str) -> None:
     """JIT code (anonymous executable memory, as oneDNN's kernels in libtorch) has no CFI and its rbp means
-    nothing: the agent marks such memory for BPF, which scans past it from the leaf."""
+    nothing: the agent marks such memory for BPF, which scans past it from the leaf. "big": the kernel's frame
+    holds 256 words of spills, more than one scan's tail call reads."""
     # Oracle: the program's own structure (main -> outer -> the code it copied into anonymous memory)
     exe = tmp_path / "unwind_jit"
     subprocess.run(["gcc", "-O1", "-g", "-fomit-frame-pointer", "-o", str(exe), str(PROGRAMS / "unwind_jit.c")],
                    check=True)
     out = tmp_path / "out"
-    aiflame("profile", "-q", "-F", "499", "-o", str(out), "--formats", "folded", "--", str(exe), "1.5")
+    aiflame("profile", "-q", "-F", "499", "-o", str(out), "--formats", "folded", "--", str(exe), "1.5", frame)
     folded = read_folded(out / "profile.folded")
     in_jit = {stack: n for stack, n in folded.items() if stack.endswith(";[anon]")}
     whole = sum(n for stack, n in in_jit.items() if ";__libc_start_call_main;main;outer;[anon]" in stack)

@@ -35,8 +35,8 @@ PY_CPU_S = "1.6"  # per thread
 PY_SETTLE_S = 1.0
 TORCH_CPU_S = "2"  # after `import torch` (~1.5 s of CPU itself)
 # C functions whose inclusive share perf and aiflame must agree on: each construct of unwind_work.c
-C_FUNCS = ("caller_a", "caller_b", "tail_entry", "tail_target", "with_alloca", "via_plt", "lib_spin", "lib_inner",
-           "on_prof", "in_handler")
+C_FUNCS = ("caller_a", "caller_b", "tail_entry", "tail_target", "with_alloca", "realigned_outer", "realigned_inner",
+           "via_plt", "lib_spin", "lib_inner", "on_prof", "in_handler")
 
 
 def _py_id(python: str) -> str:

@@ -3,6 +3,9 @@
  *   - caller_a and caller_b, 70/30, both around one static leaf (hidden_leaf);
  *   - a tail call (tail_entry jumps to tail_target at -O2: tail_entry is then in no stack, for perf too);
  *   - a function with alloca (its CFA is rbp-based);
+ *   - realigned_outer -> realigned_inner, both realigning the stack (a 64-byte-aligned local and a variable-length
+ *     array, as libtorch's AVX-512 kernels): their CFA is *(rbp - N) and rbp's saved value is at [rbp], both
+ *     as CFI expressions, so a walk that does not restore rbp from there loops in realigned_outer;
  *   - lib_spin, called through the PLT in libunwind_lib.so (built without frame pointers too);
  *   - a SIGPROF handler that burns CPU itself, so samples land inside it and the walk must go through
  *     __restore_rt back to the interrupted code. It is armed after 0.25 s: libc (where __restore_rt is) is
@@ -58,6 +61,22 @@ NOIPA unsigned long with_alloca(unsigned long n) {
     return hidden_leaf(n) + p[0] + p[k - 1];
 }
 
+NOIPA unsigned long realigned_inner(unsigned long n, int len) {
+    _Alignas(64) volatile char v[64];
+    char vla[len];
+    memset(vla, 1, len);
+    v[0] = vla[len - 1];
+    return hidden_leaf(n) + v[0];
+}
+
+NOIPA unsigned long realigned_outer(unsigned long n, int len) {
+    _Alignas(64) volatile char v[64];
+    char vla[len];
+    memset(vla, 2, len);
+    v[1] = vla[0];
+    return realigned_inner(n, len + 1) + v[1] + vla[len - 1];
+}
+
 NOIPA unsigned long via_plt(unsigned long n) {
     unsigned long r = lib_spin(n);
     sink += r;
@@ -107,6 +126,7 @@ int main(int argc, char **argv) {
         }
         tail_entry(chunk);
         with_alloca(chunk);
+        realigned_outer(chunk, 8 + (order & 7));
         via_plt(chunk);
     }
     return 0;

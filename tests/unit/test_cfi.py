@@ -33,6 +33,7 @@ from aiflame.symbolize.objfmt.cfi import (
     CFA_RSP,
     CFA_SIGNAL,
     NOT_COVERED,
+    RBP_AT_RBP,
     RBP_INVALID,
     RBP_OFFSET,
     RBP_UNCHANGED,
@@ -158,7 +159,8 @@ def readelf_interp(path: str) -> tuple[dict[tuple[str, int], ReFde], dict[tuple[
 
 
 def readelf_exprs(path: str) -> dict[tuple[str, int], set[str]]:
-    """The DW_CFA_def_cfa_expression operands of each CIE and FDE (`readelf --debug-dump=frames`)."""
+    """The DW_CFA_def_cfa_expression operands of each CIE and FDE (`readelf --debug-dump=frames`), and those of
+    DW_CFA_expression for rbp, as "rbp: OPERANDS"."""
     text = readelf("--debug-dump=frames", path)
     out: dict[tuple[str, int], set[str]] = {}
     sec, key = "", None
@@ -173,6 +175,9 @@ def readelf_exprs(path: str) -> dict[tuple[str, int], set[str]]:
         m = re.match(r"^\s+DW_CFA_def_cfa_expression \((.*)\)$", line)
         if m and key is not None:
             out.setdefault(key, set()).add(m.group(1))
+        m = re.match(r"^\s+DW_CFA_expression: r6 \(rbp\) \((.*)\)$", line)
+        if m and key is not None:
+            out.setdefault(key, set()).add("rbp: " + m.group(1))
     return out
 
 
@@ -184,6 +189,8 @@ def expr_kinds(exprs: set[str]) -> set[tuple[int, int]]:
     """(cfa_type, cfa_off) each readelf expression text should map to."""
     out = set()
     for e in exprs:
+        if e.startswith("rbp: "):
+            continue
         m = re.fullmatch(r"DW_OP_breg6 \(rbp\): (-?\d+); DW_OP_deref", e)
         if e == _PLT_TEXT.format(11):
             out.add((CFA_PLT, 8))
@@ -196,7 +203,20 @@ def expr_kinds(exprs: set[str]) -> set[tuple[int, int]]:
     return out
 
 
-def expected_rules(cfa: str, rbp: str, ra: str, signal: bool, exprs: set[tuple[int, int]]) -> set[Rule]:
+def rbp_expr_kinds(exprs: set[str]) -> set[tuple[int, int]]:
+    """(rbp_type, rbp_off) each readelf DW_CFA_expression for rbp should map to."""
+    out = set()
+    for e in exprs:
+        m = re.fullmatch(r"rbp: DW_OP_breg6 \(rbp\): (-?\d+)", e)
+        if m:
+            out.add((RBP_AT_RBP, int(m.group(1))))
+        elif e.startswith("rbp: "):
+            out.add((RBP_INVALID, 0))
+    return out
+
+
+def expected_rules(cfa: str, rbp: str, ra: str, signal: bool, exprs: set[tuple[int, int]],
+                   rbp_exprs: set[tuple[int, int]] | None = None) -> set[Rule]:
     """The rules one readelf row allows, by the mapping documented in symbolize/objfmt/cfi/table.py."""
     if signal:
         return {Rule(CFA_SIGNAL, RBP_UNCHANGED, 0, 0)}
@@ -213,12 +233,14 @@ def expected_rules(cfa: str, rbp: str, ra: str, signal: bool, exprs: set[tuple[i
         cands = {(CFA_INVALID, 0)}
     m = re.fullmatch(r"c([+-]\d+)", rbp)
     if rbp in ("u", "s"):
-        rb = (RBP_UNCHANGED, 0)
+        rbs = {(RBP_UNCHANGED, 0)}
     elif m:
-        rb = (RBP_OFFSET, int(m.group(1)))
+        rbs = {(RBP_OFFSET, int(m.group(1)))}
+    elif rbp == "exp":
+        rbs = rbp_exprs or {(RBP_INVALID, 0)}
     else:
-        rb = (RBP_INVALID, 0)
-    return {INVALID if t == CFA_INVALID else Rule(t, rb[0], off, rb[1]) for t, off in cands}
+        rbs = {(RBP_INVALID, 0)}
+    return {INVALID if t == CFA_INVALID else Rule(t, rb[0], off, rb[1]) for t, off in cands for rb in rbs}
 
 
 def is_trampoline_code(path: str, start: int, end: int) -> bool:
@@ -254,7 +276,8 @@ def compare_with_readelf(path: str) -> Agreement:
         if not rows:  # only nops: the CIE's initial row holds over the whole FDE
             assert cie.row is not None, key
             rows = [(rf.start, *cie.row)]
-        kinds = expr_kinds(exprs.get(key, set()) | exprs.get((key[0], rf.cie), set()))
+        texts = exprs.get(key, set()) | exprs.get((key[0], rf.cie), set())
+        kinds, rbp_kinds = expr_kinds(texts), rbp_expr_kinds(texts)
         signal = "S" in cie.aug
         if not signal and o.rows and o.rows[0][1].cfa_type == CFA_SIGNAL:
             signal = is_trampoline_code(path, o.start, o.end)
@@ -264,7 +287,7 @@ def compare_with_readelf(path: str) -> Agreement:
             r = rows[bisect.bisect_right(re_locs, loc) - 1]
             mine = o.rows[bisect.bisect_right(our_locs, loc) - 1][1]
             agree.rows += 1
-            allowed = expected_rules(r[1], r[2], r[3], signal, kinds)
+            allowed = expected_rules(r[1], r[2], r[3], signal, kinds, rbp_kinds)
             if mine not in allowed:
                 agree.mismatches.append(f"{key} @0x{loc:x}: readelf {r[1:]} allows {allowed}, we have {mine}")
     return agree
@@ -344,7 +367,7 @@ def test_kinds_of_the_fixture(built: dict[str, str]) -> None:
     assert at[9] == INVALID  # CFA in r10
     assert at[10] == Rule(CFA_PLT10, RBP_OFFSET, 8, -16)
     assert at[11] == Rule(CFA_DEREF_RBP, RBP_OFFSET, -8, -16)
-    assert at[12] == Rule(CFA_DEREF_RBP, RBP_INVALID, -8, 0)  # rbp by expression
+    assert at[12] == Rule(CFA_DEREF_RBP, RBP_AT_RBP, -8, 0)  # rbp at [rbp + 0] (DW_OP_breg6 0)
     assert table.lookup(_symbol(path, "my_restore_rt")).cfa_type == CFA_SIGNAL  # trampoline, no 'S'
     assert table.lookup(_symbol(path, "sigframe_fn")).cfa_type == CFA_SIGNAL  # .cfi_signal_frame
     assert table.lookup(_symbol(path, "_start")).cfa_type == CFA_END  # RA undefined
@@ -482,6 +505,26 @@ def test_synthetic_section_walked_and_via_hdr() -> None:
         (0x1108, (0, 0, 0, 0)),
     ]
     assert indexed.stats.rows_raw == 2 + 1 + 3 and indexed.stats.covered_bytes == 0x10 + 8 + 8
+
+
+def test_rbp_saved_at_rbp_by_expression() -> None:
+    """A stack-realigning prologue: CFA = *(rbp - 16), and the caller's rbp at [rbp + N] by DW_CFA_expression."""
+    # Oracle: by construction — DWARF CFA opcodes assembled by hand here, their rows worked out from the DWARF spec
+    realign = b"\x0f\x03\x76\x70\x06"  # def_cfa_expression (breg6 -16; deref)
+    cases = [
+        (b"\x10\x06\x02\x76\x00", Rule(CFA_DEREF_RBP, RBP_AT_RBP, -16, 0)),  # breg6 0
+        (b"\x10\x06\x03\x76\x80\x01", Rule(CFA_DEREF_RBP, RBP_AT_RBP, -16, 128)),  # breg6 128 (two-byte sleb)
+        (b"\x10\x06\x02\x76\x80", Rule(CFA_DEREF_RBP, RBP_INVALID, -16, 0)),  # its sleb runs past the expression
+        (b"\x10\x06\x03\x76\x00\x06", Rule(CFA_DEREF_RBP, RBP_INVALID, -16, 0)),  # breg6 0; deref: a value
+        (b"\x16\x06\x02\x76\x00", Rule(CFA_DEREF_RBP, RBP_INVALID, -16, 0)),  # val_expression: rbp's value
+        (b"\x10\x06\x02\x77\x00", Rule(CFA_DEREF_RBP, RBP_INVALID, -16, 0)),  # breg7: at rsp, not rbp
+        (b"\x10\x03\x02\x76\x00", Rule(CFA_DEREF_RBP, RBP_UNCHANGED, -16, 0)),  # rbx's rule: rbp untouched
+    ]
+    for insns, want in cases:
+        s = one_fde(b"\x41" + realign + insns)
+        t = build_both(s.eh, s.hdr())
+        assert isinstance(t, UnwindTable)
+        assert t.lookup(0x1001) == want, insns.hex()
 
 
 def test_encodings_personality_and_lsda() -> None:

@@ -43,6 +43,7 @@ from aiflame.symbolize.objfmt.cfi.table import (
     MAX_RULES,
     MAX_STATE_DEPTH,
     NOT_COVERED,
+    RBP_AT_RBP,
     RBP_INVALID,
     RBP_KINDS,
     RBP_OFFSET,
@@ -56,7 +57,7 @@ from aiflame.symbolize.objfmt.cfi.table import (
 
 __all__ = [
     "CFA_DEREF_RBP", "CFA_END", "CFA_INVALID", "CFA_KINDS", "CFA_NONE", "CFA_PLT", "CFA_PLT10", "CFA_RBP", "CFA_RSP",
-    "CFA_SIGNAL", "MAX_ROWS", "MAX_RULES", "MAX_STATE_DEPTH", "NOT_COVERED", "RBP_INVALID", "RBP_KINDS", "RBP_OFFSET",
-    "RBP_UNCHANGED", "ROW", "RULE", "CfiStats", "Engine", "FdeRows", "Rule", "UnwindTable", "build_from_sections",
-    "build_table", "cache_path", "decode_table", "encode_table", "fde_rows", "load_or_build",
+    "CFA_SIGNAL", "MAX_ROWS", "MAX_RULES", "MAX_STATE_DEPTH", "NOT_COVERED", "RBP_AT_RBP", "RBP_INVALID", "RBP_KINDS",
+    "RBP_OFFSET", "RBP_UNCHANGED", "ROW", "RULE", "CfiStats", "Engine", "FdeRows", "Rule", "UnwindTable",
+    "build_from_sections", "build_table", "cache_path", "decode_table", "encode_table", "fde_rows", "load_or_build",
 ]

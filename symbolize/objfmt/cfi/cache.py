@@ -31,7 +31,7 @@ from aiflame.symbolize.objfmt.cfi.table import (
 log = logging.getLogger(__name__)
 
 _MAGIC = b"AIFLCFI\0"
-_FORMAT_VERSION = 1  # bump whenever the rows a file gives could change
+_FORMAT_VERSION = 2  # bump whenever the rows a file gives could change
 _HEAD = struct.Struct("<8sIIIII32s")  # magic, version, key, stats, rules, rows lengths, SHA-256 of the rest
 _SAFE_KEY = frozenset("0123456789abcdefghijklmnopqrstuvwxyz-")
 

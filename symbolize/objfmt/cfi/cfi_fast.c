@@ -22,10 +22,10 @@
 #define MAX_PC 0xFFFFFFFFull
 #define OFF_BIG INT64_MIN /* an offset too large for any rule */
 #define NKIND_CFA 9
-#define NKIND_RBP 3
+#define NKIND_RBP 4
 enum { CFA_NONE, CFA_RSP, CFA_RBP, CFA_PLT, CFA_PLT10, CFA_DEREF_RBP, CFA_END, CFA_INVALID, CFA_SIGNAL };
-enum { RBP_UNCHANGED, RBP_OFFSET, RBP_INVALID };
-enum { R_UNDEF, R_SAME, R_OFFSET, R_OTHER };
+enum { RBP_UNCHANGED, RBP_OFFSET, RBP_INVALID, RBP_AT_RBP };
+enum { R_UNDEF, R_SAME, R_OFFSET, R_OTHER, R_AT_RBP };
 enum { SEC_EH, SEC_DEBUG };
 static const char *const SECNAME[2] = {".eh_frame", ".debug_frame"};
 
@@ -48,8 +48,8 @@ struct cfi_result {
     uint64_t nrows;
     uint8_t *rules; /* nrules * 12 bytes <BBxxii> */
     uint64_t nrules;
-    /* fdes, fdes_used, fdes_overlapping, rows_raw, rows, rules, covered_bytes, cfa kinds[9], rbp kinds[3] */
-    uint64_t stats[19];
+    /* fdes, fdes_used, fdes_overlapping, rows_raw, rows, rules, covered_bytes, cfa kinds[9], rbp kinds[4] */
+    uint64_t stats[20];
     char source[32];
     char error[512];
 };
@@ -368,6 +368,8 @@ static struct rule make_rule(const struct state *s, int signal) {
         r.rbp_type = RBP_UNCHANGED;
     else if (s->rbp_k == R_OFFSET && fits32(s->rbp_off))
         r.rbp_type = RBP_OFFSET, r.rbp_off = (int32_t)s->rbp_off;
+    else if (s->rbp_k == R_AT_RBP && fits32(s->rbp_off))
+        r.rbp_type = RBP_AT_RBP, r.rbp_off = (int32_t)s->rbp_off;
     else
         r.rbp_type = RBP_INVALID;
     return r;
@@ -510,8 +512,17 @@ static struct state run(struct ctx *c, const uint8_t *d, uint64_t pos, uint64_t 
                 n = uleb(c, d, &pos, end);
                 if (n > end - pos)
                     fail(c, "expression runs past the end at 0x%llx", (unsigned long long)pos);
+                {
+                    /* DW_OP_breg6 N alone: a stack-realigning prologue saved the caller's rbp at [rbp + N] */
+                    int64_t at;
+                    uint64_t next;
+                    if (op == 0x10 && reg == 6 && n >= 2 && d[pos] == 0x76 &&
+                        expr_sleb(d, pos + 1, pos + n, &at, &next) && next == pos + n)
+                        set_reg(&s, reg, R_AT_RBP, at);
+                    else
+                        set_reg(&s, reg, R_OTHER, 0);
+                }
                 pos += n;
-                set_reg(&s, reg, R_OTHER, 0);
                 break;
             case 0x05: /* offset_extended */
             case 0x11: /* offset_extended_sf */

@@ -22,6 +22,7 @@ from aiflame.symbolize.objfmt.cfi.table import (
     CFA_RBP,
     CFA_RSP,
     MAX_STATE_DEPTH,
+    RBP_AT_RBP,
     RBP_INVALID,
     RBP_OFFSET,
     RBP_UNCHANGED,
@@ -111,7 +112,8 @@ class _Cie(NamedTuple):
 
 class _State(NamedTuple):
     """The tracked part of a CFI row. Register rule kinds: 0 undefined/unset, 1 same value, 2 saved at
-    CFA+off, 3 anything else. Offsets are exact; cfa_reg -1 means no CFA rule yet."""
+    CFA+off, 3 anything else, 4 saved at rbp+off (rbp's rule only). Offsets are exact; cfa_reg -1 means no CFA
+    rule yet."""
 
     cfa_reg: int
     cfa_off: int
@@ -122,7 +124,7 @@ class _State(NamedTuple):
     ra_off: int
 
 
-_R_UNDEF, _R_SAME, _R_OFFSET, _R_OTHER = range(4)
+_R_UNDEF, _R_SAME, _R_OFFSET, _R_OTHER, _R_AT_RBP = range(5)
 _NO_STATE = _State(-1, 0, None, _R_UNDEF, 0, _R_UNDEF, 0)
 _REG_RBP, _REG_RSP, _REG_RA = 6, 7, 16
 
@@ -177,6 +179,8 @@ def _rule(s: _State, signal: bool) -> Rule:
         return Rule(cfa_type, RBP_UNCHANGED, cfa_off, 0)
     if s.rbp_kind == _R_OFFSET and _S32_MIN <= s.rbp_off <= _S32_MAX:
         return Rule(cfa_type, RBP_OFFSET, cfa_off, s.rbp_off)
+    if s.rbp_kind == _R_AT_RBP and _S32_MIN <= s.rbp_off <= _S32_MAX:
+        return Rule(cfa_type, RBP_AT_RBP, cfa_off, s.rbp_off)
     return Rule(cfa_type, RBP_INVALID, cfa_off, 0)
 
 
@@ -330,8 +334,16 @@ def _reg_op(d: bytes, pos: int, end: int, op: int, cie: _Cie, s: _State) -> tupl
         n, pos = _uleb(d, pos, end)
         if pos + n > end:
             raise Unreadable(f"expression runs past the end at 0x{pos:x}")
-        pos += n
         kind, off = _R_OTHER, 0
+        if op == 0x10 and reg == _REG_RBP and n >= 2 and d[pos] == _OP_BREG6:
+            # DW_OP_breg6 N alone: a stack-realigning prologue saved the caller's rbp at [rbp + N]
+            try:
+                v, after = _sleb(d, pos + 1, pos + n)
+            except Unreadable:
+                v, after = 0, -1
+            if after == pos + n:
+                kind, off = _R_AT_RBP, v
+        pos += n
     else:  # register, val_offset (uleb), val_offset_sf (sleb)
         _, pos = (_sleb if op == 0x15 else _uleb)(d, pos, end)
         kind, off = _R_OTHER, 0

@@ -22,12 +22,14 @@ from typing import NamedTuple
 #   SIGNAL    a signal frame (CIE augmentation 'S', or the rt_sigreturn trampoline): registers are in the
 #             ucontext on the stack
 # rbp_type: UNCHANGED (rbp still holds the caller's: same value, never saved), OFFSET (saved at
-# CFA + rbp_off), INVALID (an expression or register rule). END, INVALID and SIGNAL rules carry no offsets
-# and rbp UNCHANGED, so that they dedupe to one rule each.
+# CFA + rbp_off), INVALID (another expression or a register rule: the caller's rbp is unknown), AT_RBP (saved at
+# the frame's own rbp + rbp_off, from DW_CFA_expression rbp: DW_OP_breg6 N: a stack-realigning prologue, which
+# pairs it with DEREF_RBP). END, INVALID and SIGNAL rules carry no offsets and rbp UNCHANGED, so that they
+# dedupe to one rule each.
 CFA_NONE, CFA_RSP, CFA_RBP, CFA_PLT, CFA_PLT10, CFA_DEREF_RBP, CFA_END, CFA_INVALID, CFA_SIGNAL = range(9)
 CFA_KINDS = ("none", "rsp", "rbp", "plt", "plt10", "deref_rbp", "end", "invalid", "signal")
-RBP_UNCHANGED, RBP_OFFSET, RBP_INVALID = range(3)
-RBP_KINDS = ("unchanged", "offset", "invalid")
+RBP_UNCHANGED, RBP_OFFSET, RBP_INVALID, RBP_AT_RBP = range(4)
+RBP_KINDS = ("unchanged", "offset", "invalid", "at_rbp")
 
 ROW = struct.Struct("<IHH")  # pc, rule index, spare (0)
 RULE = struct.Struct("<BBxxii")  # cfa_type, rbp_type, cfa_off, rbp_off
