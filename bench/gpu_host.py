@@ -1,8 +1,8 @@
 """What aiflame costs a GPT-style training loop, and what it sees of it (issue #25): bench/gpu/gpt_loop.py run
 alone and under `aiflame profile -- CMD` in each mode, alternating, printing for each mode the steps/s ratio
 against the alone runs next to it, the job's wall time, runtime calls recorded / counted / lost, the share of CPU
-samples whose walk reached the outermost frame, the share of launches under a Python frame, the agent's CPU and
-peak RSS.
+samples whose walk reached the outermost frame, the share of launches under a Python frame, the agent's CPU (the
+whole run's, and over the loop's timed steps alone) and peak RSS.
 
 Modes: `cpu` (CPU sampling only, --no-runtimes --no-gpu-samples), `probes` (CPU sampling and runtime probes, no
 CUPTI), `full` (the defaults: CUPTI too, with a GPU). On a GPU host: `bash .gpu/host.sh python3 bench/gpu_host.py`.
@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
 from common import REPO, RESULTS, aiflame_cmd, vm_hwm_kb
 
 LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
@@ -47,6 +48,19 @@ def run_alone(loop_args: Sequence[str]) -> dict[str, float]:
     return {**_steps(proc.stdout), "wall_s": time.monotonic() - t0}
 
 
+def _steady_cpu_pct(trace: list[tuple[float, float]], seconds: float) -> float:
+    """The agent's CPU, in % of a core, over the loop's timed steps (its last `seconds` before it exited, less a
+    second at each end): past the start-up's table builds and before the capture is symbolized."""
+    if len(trace) < 2:
+        return 0.0
+    end = trace[-1][0] - 1.0
+    start = max(trace[0][0], end - seconds + 2.0)
+    inside = [(t, c) for t, c in trace if start <= t <= end]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return 0.0
+    return 100 * (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
 def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, float]:
     """One run under `aiflame profile`: the loop's own figures, the capture's counters, the agent's peak RSS."""
     from aiflame.core.capture import read_capture
@@ -58,13 +72,23 @@ def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, fl
                                         *MODES[mode], *FREQ, "--", *PYTHON, str(LOOP), *loop_args),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     hwm = 0
+    agent = psutil.Process(proc.pid)
+    trace: list[tuple[float, float]] = []  # (time, the agent's CPU seconds) while the job runs
     while proc.poll() is None:
         hwm = max(hwm, vm_hwm_kb(proc.pid))
+        try:
+            job_alive = bool(agent.children())
+            if job_alive:
+                t = agent.cpu_times()
+                trace.append((time.monotonic(), t.user + t.system))
+        except psutil.Error:
+            pass
         time.sleep(0.1)
     stdout = proc.stdout.read() if proc.stdout else ""
     if proc.returncode:
         raise SystemExit(f"aiflame profile ({mode}) failed ({proc.returncode}):\n{stdout[-2000:]}")
     res = {**_steps(stdout), "wall_s": time.monotonic() - t0, "agent_peak_rss_mb": hwm / 1024}
+    res["agent_steady_cpu_pct"] = _steady_cpu_pct(trace, res["seconds"])
     cap = read_capture(out / "profile.aiflame")
     assert cap.footer is not None
     c = cap.footer.counters
@@ -127,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"calls {prof['calls_counted']:.0f} counted / {prof['calls_recorded']:.0f} recorded / "
                       f"{prof['calls_lost']:.0f} lost; launches with Python {prof['launches_with_python_pct']:.1f}%;"
                       f" walks to outermost {prof['walks_reaching_outermost_pct']:.1f}%; agent CPU "
-                      f"{prof['agent_cpu_s']:.1f} s of {prof['job_s']:.1f} s, RSS {prof['agent_peak_rss_mb']:.0f} MB; "
+                      f"{prof['agent_cpu_s']:.1f} s of {prof['job_s']:.1f} s "
+                      f"(steps: {prof['agent_steady_cpu_pct']:.1f}%), RSS {prof['agent_peak_rss_mb']:.0f} MB; "
                       f"wall {alone['wall_s']:.1f} -> {prof['wall_s']:.1f} s; Python samples {prof['python_samples']}, "
                       f"{prof['python_spliced_at_root']} spliced at the root; "
                       + ", ".join(f"{k[5:]} {v:.0f}" for k, v in prof.items() if k.startswith("stop_")), flush=True)
