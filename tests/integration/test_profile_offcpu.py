@@ -123,8 +123,12 @@ def test_a_thread_blocked_when_the_capture_ends_is_blocked_until_then(tmp_path: 
     cap = read_capture(out / "profile.aiflame")
     assert cap.footer is not None and cap.footer.stop_reason == "interrupted"
     prof = symbolize_capture(cap, options=StackOptions(group="none"))
+    # On a loaded host the flag's open() in long_wait may block too, for a moment: one block in long_wait lasts
+    # past the interrupt, any other is short.
     waits = [s for s in prof.off_cpu if any(f.name == "long_wait" for f in s.stack)]
-    assert len(waits) == 1, [[f.name for f in s.stack] for s in prof.off_cpu]
-    (w,) = waits
+    long = [s for s in waits if s.weight >= 0.5e9]
+    assert len(long) == 1, [([f.name for f in s.stack], s.weight) for s in waits]
+    assert all(s.weight < 0.1e9 for s in waits if s not in long), [s.weight for s in waits]
+    (w,) = long
     assert 0.5e9 <= w.weight < 60e9, w.weight
     assert w.time_ns + w.weight <= cap.footer.end_mono_ns
