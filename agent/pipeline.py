@@ -320,8 +320,8 @@ class CapturePipeline:
             self.sampler.set_python(pid, proc_rec(target))
             self.writer.add_py_runtime(info)
 
-    def _on_target_stop(self, pid: int) -> None:
-        """A target waits, stopped, at a library open or at exit: read its mappings now if they changed."""
+    def _on_target_stop(self, pid: int, exiting: bool) -> None:
+        """A target waits, stopped, at a library open or in exit(): read its mappings now if they changed."""
         writer = self.writer
         if writer is None:
             return
@@ -333,7 +333,9 @@ class CapturePipeline:
         self.processes.read_soon(pid)
         if pid not in self.python.procs:
             self._attach_python(pid, force=True)  # before the calls it is about to make
-        # Python code objects named so far must be read while the process lives (it may be about to exit).
+        if not exiting:
+            return  # the rest can wait for the drain, the target running
+        # Python code objects named so far must be read while the process lives.
         self.write_probe_output()
         for code in self.python.codes(named_codes(s for s in self._samples if s.pid == pid), mono_ns()):
             writer.add_py_code(code)

@@ -217,5 +217,7 @@ class Session:
             self.stats.counters["calls_unsent"] = pipe.probes.calls_unsent
             self.stats.counters["returns_lost"] = pipe.probes.returns_lost
             self.stats.counters["stops_late"] = pipe.probes.stops_late
+            self.stats.counters["stops"] = pipe.probes.stops
+            self.stats.counters["stopped_ms"] = pipe.probes.stopped_ns // 1_000_000
             self.stats.counters["libs_seen_full"] = pipe.probes.libs_seen_full
         return table_warnings

@@ -7,8 +7,9 @@
  * return value, and optionally a value the call wrote through an out-pointer argument (a handle). User space
  * names and decodes the arguments; nothing here knows a runtime.
  *
- * Libraries a target opens after the start are probed before their first call: the openat of a path that
- * looks like a shared object stops the process (SIGSTOP), the agent attaches and continues it (SIGCONT).
+ * Libraries a target opens after the start are probed before their first call: an openat of a path that looks
+ * like a shared object, once it succeeded, stops the process (SIGSTOP), the agent attaches and continues it
+ * (SIGCONT).
  */
 #include <uapi/linux/ptrace.h>
 #include "common.h"
@@ -23,6 +24,10 @@ BPF_TABLE("lru_hash", u64, u64, call_outs, 16384);
 /* FNV-1a hashes of library paths the agent has already handled: their opens do not stop the target. LRU: a
  * target opening endless distinct names cannot fill it; a path evicted stops its next opener once more. */
 BPF_TABLE("lru_hash", u64, u8, libs_seen, 65536);
+/* Library opens go out through a ring buffer of their own, which the agent reads first: their target waits,
+ * stopped, and must not wait while the agent reads the records queued before them (a CUDA library's constructors
+ * register ~24k kernels just before the loader opens the next library). */
+BPF_RINGBUF_OUTPUT(stop_events, 16);
 /* PROBE_SAMPLE calls counted without a record, per CPU, by (process, probe, the argument naming the kernel); the
  * next record kept for the key on that CPU takes its count, the agent reads what is left at the end. Not LRU: a
  * full map refuses the count (CNT_CALL_LOST), it never drops one silently. */
@@ -78,10 +83,11 @@ static __always_inline void call_walked(struct call_rec *rec, struct uw_state *s
 
 /* Stop the current process (SIGSTOP, delivered on its way back to user space) so the agent can act before it
  * goes on, recording the stop first: a stop the watchdog could not know of is never made. Then send `rec` to the
- * agent, and only then: the agent continues the target as soon as it has read the record, so a record it could
- * read before the signal was sent (this program preempted, or its vCPU descheduled, in between) left the target
- * stopped for good. A record that cannot be sent takes the stop back (SIGCONT drops the pending SIGSTOP). */
-static __always_inline int stop_target_and_emit(u32 tgid, u64 time_ns, void *rec, u64 size) {
+ * agent (through stop_events with `own_ring`, else with the records before it), and only then: the agent
+ * continues the target as soon as it has read the record, so a record it could read before the signal was sent
+ * (this program preempted, or its vCPU descheduled, in between) left the target stopped for good. A record that
+ * cannot be sent takes the stop back (SIGCONT drops the pending SIGSTOP). */
+static __always_inline int stop_target_and_emit(u32 tgid, u64 time_ns, void *rec, u64 size, int own_ring) {
     int stopped = 0;
     if (stops.update(&tgid, &time_ns) != 0)
         count(CNT_STOPS_UNRECORDED);
@@ -89,7 +95,9 @@ static __always_inline int stop_target_and_emit(u32 tgid, u64 time_ns, void *rec
         stopped = 1;
     else
         stops.delete(&tgid);
-    if (events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP) == 0)
+    int sent = own_ring ? stop_events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP)
+                        : events.ringbuf_output(rec, size, BPF_RB_FORCE_WAKEUP);
+    if (sent == 0)
         return 0;
     if (stopped && bpf_send_signal(18) == 0)
         stops.delete(&tgid);
@@ -199,7 +207,7 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
         size = sizeof(struct call_rec);
     if (spec->flags & PROBE_STOP) {
         /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it */
-        if (stop_target_and_emit(rec->pid, rec->time_ns, rec, size) != 0)
+        if (stop_target_and_emit(rec->pid, rec->time_ns, rec, size, 0) != 0)
             count(CNT_CALL_LOST);
         return 0;
     }
@@ -385,7 +393,7 @@ int on_ret(struct pt_regs *ctx) {
     return 0;
 }
 
-/* One pass over a path: its FNV-1a hash, and whether it names a shared object ("x.so" or "x.so.N"; ld.so.cache
+/* One pass over a path: its FNV-1a hash, and whether it names a shared object ("x.so" or "x.so.N..."; ld.so.cache
  * and .py files do not match). */
 static __always_inline u64 library_hash(const char *p, int *is_so) {
     u64 h = 0xcbf29ce484222325ULL;
@@ -394,7 +402,8 @@ static __always_inline u64 library_hash(const char *p, int *is_so) {
         char c = p[i];
         if (c == 0)
             break;
-        if (c == '.' && p[i + 1] == 's' && p[i + 2] == 'o' && (p[i + 3] == 0 || p[i + 3] == '.'))
+        if (c == '.' && p[i + 1] == 's' && p[i + 2] == 'o' &&
+            (p[i + 3] == 0 || (p[i + 3] == '.' && p[i + 4] >= '0' && p[i + 4] <= '9')))
             *is_so = 1;
         h = (h ^ (u8)c) * 0x100000001b3ULL;
     }
@@ -402,6 +411,11 @@ static __always_inline u64 library_hash(const char *p, int *is_so) {
 }
 
 BPF_PERCPU_ARRAY(open_scratch, struct open_rec, 1);
+/* tid -> the path of an openat in flight that names a shared object not handled yet. Its target stops at the
+ * syscall's exit, and only if the file opened: a loader searches many paths that do not exist (310 of the 402
+ * library paths a CUDA torch import tries), and each stop costs the target a round trip through the agent.
+ * LRU: a thread that dies inside openat leaves its entry. */
+BPF_TABLE("lru_hash", u32, u64, opens_in_flight, 16384);
 
 TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
     const char *filename = args->filename;
@@ -419,8 +433,36 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
     u64 h = library_hash(rec->path, &is_so);
     if (!is_so || libs_seen.lookup(&h))
         return 0;
+    u32 tid = id;
+    u64 ptr = (u64)filename;
+    if (opens_in_flight.update(&tid, &ptr) != 0)
+        count(CNT_OPEN_LOST);
+    return 0;
+}
+
+/* The open succeeded: stop the target before the library is mapped. The path is read again from the caller's
+ * memory (what it names now is what the record carries; the agent handles that path). */
+TRACEPOINT_PROBE(syscalls, sys_exit_openat) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = id;
+    u64 *ptr = opens_in_flight.lookup(&tid);
+    if (!ptr)
+        return 0;
+    const char *filename = (const char *)*ptr;
+    opens_in_flight.delete(&tid);
+    if (args->ret < 0)
+        return 0;
+    u32 zero = 0;
+    struct open_rec *rec = open_scratch.lookup(&zero);
+    if (!rec)
+        return 0;
+    if (bpf_probe_read_user_str(rec->path, sizeof(rec->path), filename) <= 0) {
+        count(CNT_OPEN_LOST);
+        return 0;
+    }
     FILL_HEAD(rec, REC_OPEN, id);
-    if (stop_target_and_emit(tgid, rec->time_ns, rec, sizeof(*rec)) != 0) /* stopped before the library is mapped */
+    /* stopped before the library is mapped */
+    if (stop_target_and_emit(id >> 32, rec->time_ns, rec, sizeof(*rec), 1) != 0)
         count(CNT_OPEN_LOST);
     return 0;
 }

@@ -86,8 +86,10 @@ ATTACKER = textwrap.dedent(r'''
         n = 0
         end = time.time() + float(args[1])
         while time.time() < end:
+            path = f"{d}/lib{n}-{os.getpid()}.so"  # a new file: an open that fails stops nobody
             try:
-                os.close(os.open(f"{d}/lib{n}-{os.getpid()}.so", os.O_RDONLY))
+                os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+                os.unlink(path)
             except OSError:
                 pass
             n += 1

@@ -31,8 +31,9 @@ class RingBuffer:
         self._epoll = select.epoll()
         self._epoll.register(map_fd, select.EPOLLIN)
 
-    def consume(self) -> int:
-        """Hand every complete record to the callback, oldest first; returns how many."""
+    def consume(self, limit: int = 0) -> int:
+        """Hand complete records to the callback, oldest first, all of them or at most `limit` (> 0); returns
+        how many."""
         data, mask = self._data, self._mask
         cons = self._cons.value
         n = 0
@@ -41,6 +42,8 @@ class RingBuffer:
             if cons >= prod:
                 break
             while cons < prod:
+                if n == limit > 0:
+                    return n
                 at = mmap.PAGESIZE + (cons & mask)
                 length = _U32.unpack_from(data, at)[0]
                 if length & BUSY:
@@ -58,11 +61,10 @@ class RingBuffer:
         """Let `fd` becoming readable end a poll too (e.g. the caller's own wakeup pipe); the caller reads it."""
         self._epoll.register(fd, select.EPOLLIN)
 
-    def poll(self, timeout_ms: int) -> int:
+    def wait(self, timeout_ms: int) -> None:
         """Wait until the kernel signals new records (producers that ask for a wakeup), a watched fd is
-        readable or `timeout_ms` passes, then consume."""
+        readable or `timeout_ms` passes; consuming is the caller's."""
         self._epoll.poll(max(timeout_ms, 0) / 1000)
-        return self.consume()
 
     def close(self) -> None:
         self._epoll.close()

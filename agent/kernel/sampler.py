@@ -171,12 +171,13 @@ UNWIND_MAPS = ["unwind_rows", "unwind_index", "unwind_rules", "unwind_procs", "u
 UW_PROGS = {"uw_progs": ("uw_sample_step", "sample_finish", "uw_sample_scan"),
             "uw_call_progs": ("uw_call_step", "call_finish"),
             "uw_off_progs": ("uw_offcpu_step", "offcpu_finish", "uw_offcpu_scan")}
-MAPS = ["events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen", "call_skipped",
-        *UNWIND_MAPS,
+MAPS = ["events", "stop_events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen",
+        "call_skipped", *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values(), *OFFCPU_LAYOUT_MAPS.values()]
 OPENAT = ("syscalls", "sys_enter_openat")
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _SAMPLE_KEY = struct.Struct("<IIQ")  # struct sample_key: tgid, probe, arg
+DRAIN_SLICE = 256  # records of the main ring buffer read between two looks at the ring of library opens
 
 
 class CpuSampler:
@@ -195,6 +196,7 @@ class CpuSampler:
         self._on_probe = on_probe
         self._obj: BpfObject | None = None
         self._ring: RingBuffer | None = None
+        self._stop_ring: RingBuffer | None = None  # library opens, each holding its target stopped: read first
         self._uprobes: list[Uprobe] = []
         self._unwind: UnwindTables | None = None
         self._watchdog: StopWatchdog | None = None
@@ -229,6 +231,10 @@ class CpuSampler:
                 self.add_target(pid)
             events = self._obj.maps["events"]
             self._ring = RingBuffer(events.fd, events.max_entries, self._callback)
+            if "stop_events" in self._obj.maps:
+                opens = self._obj.maps["stop_events"]
+                self._stop_ring = RingBuffer(opens.fd, opens.max_entries, self._callback)
+                self._ring.watch(opens.fd)
             self._obj.attach_tracepoints()
         except OSError as e:
             self.close()
@@ -369,15 +375,27 @@ class CpuSampler:
         return [_U32.unpack(k)[0] for name in ("targets", "children") for k in maps[name].keys()]
 
     def poll(self) -> None:
-        """Drain everything in the ring buffer now (no waiting)."""
-        if self._ring is not None:
-            self._ring.consume()
+        """Drain everything in the ring buffers now (no waiting). A library open is read as soon as it is
+        there, between slices of the main ring: its target waits, stopped, until it is handled, and must not
+        wait behind the records queued before it (a CUDA library's constructors register ~24k kernels)."""
+        ring, opens = self._ring, self._stop_ring
+        if ring is None:
+            return
+        while True:
+            if opens is not None:
+                opens.consume()
+            if ring.consume(DRAIN_SLICE) < DRAIN_SLICE:
+                break
+        if opens is not None:
+            opens.consume()
 
     def wait(self, timeout_s: float) -> None:
-        """Sleep until a record that asks for a wakeup arrives (a library open), a watched fd is readable or
-        `timeout_s` passes, then drain. Samples and calls never wake us: they wait for the caller's timer."""
+        """Sleep until a record that asks for a wakeup arrives (a library open, an exit), a watched fd is
+        readable or `timeout_s` passes, then drain. Samples and calls never wake us: they wait for the caller's
+        timer."""
         if self._ring is not None:
-            self._ring.poll(int(timeout_s * 1000))
+            self._ring.wait(int(timeout_s * 1000))
+            self.poll()
 
     def watch(self, fd: int) -> None:
         """End `wait` early when `fd` is readable (the caller reads it)."""
@@ -478,9 +496,10 @@ class CpuSampler:
         if self._unwind is not None:
             self._unwind.close()
             self._unwind = None
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        for ring in (self._ring, self._stop_ring):
+            if ring is not None:
+                ring.close()
+        self._ring = self._stop_ring = None
         if self._obj is not None:
             self._obj.close()
             self._obj = None

@@ -31,6 +31,7 @@ from aiflame.agent.kernel.bpf_object import BpfObject
 from aiflame.core.errors import AiflameError, TargetGone
 from aiflame.core.raw import Mapping
 from aiflame.symbolize.objfmt.cfi import NOT_COVERED, RULE, Rule, UnwindTable, load_or_build
+from aiflame.symbolize.objfmt.cfi.fast import page_starts, renumber_rules
 from aiflame.symbolize.objfmt.elf import ElfFile
 
 log = logging.getLogger(__name__)
@@ -112,14 +113,21 @@ def page_index(rows: bytes) -> tuple[int, int, array[int]] | None:
     pages): the rows of page k are [index[k], index[k + 1]), so the walker searches those few instead of all.
     Pages are 4 KiB, larger where the rows are sparse (at most 4 pages per row, or 16); None when some page would
     hold more rows than the walker's search steps cover."""
-    addrs = array("I", memoryview(rows).cast("I")[0::2])
+    addrs = memoryview(rows).cast("I")[0::2]
+    first, last = addrs[0], addrs[-1]
     for shift in range(PAGE_SHIFT, 32):  # at 31 a u32 address space is 2 pages
-        base = addrs[0] & ~((1 << shift) - 1)
-        npages = ((addrs[-1] - base) >> shift) + 1
+        base = first & ~((1 << shift) - 1)
+        npages = ((last - base) >> shift) + 1
         if npages > max(4 * len(addrs), 16):
             continue
-        index = array("I", (bisect.bisect_left(addrs, base + (k << shift)) for k in range(npages + 1)))
-        if max(b - a for a, b in pairwise(index)) > MAX_PAGE_ROWS:
+        fast = page_starts(rows, base, shift, npages)
+        if fast is not None:
+            index, most = fast
+        else:
+            pcs = array("I", addrs)
+            index = array("I", (bisect.bisect_left(pcs, base + (k << shift)) for k in range(npages + 1)))
+            most = max(b - a for a, b in pairwise(index))
+        if most > MAX_PAGE_ROWS:
             return None  # larger pages only hold more
         return shift, base, index
     return None
@@ -379,11 +387,16 @@ class UnwindTables:
             return False
         # rows are <IHH> (pc, local rule, 0); BPF wants u64 pc | global rule << 32, the same bytes with the
         # rule index renumbered
-        local = memoryview(table.rows).cast("H")
         out = bytearray(table.rows)
-        view = memoryview(out).cast("H")
-        for i in range(2, len(local), 4):
-            view[i] = rules[local[i]]
+        done = renumber_rules(out, array("H", rules))
+        if done is None:  # no C engine
+            local = memoryview(table.rows).cast("H")
+            view = memoryview(out).cast("H")
+            view[2::4] = array("H", map(rules.__getitem__, local[2::4]))
+        elif not done:  # a rule index past the table's rules: cannot be, the rows were checked
+            self._free.release(first, n)
+            self._index_free.release(index_at, len(index))
+            return False
         self._pool[first * 8:(first + n) * 8] = out
         self._index[index_at * 4:(index_at + len(index)) * 4] = index.tobytes()
         self._last_id = self._last_id % 0xFFFFFFFF + 1

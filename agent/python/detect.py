@@ -171,8 +171,9 @@ def _open_elf(pid: int, cand: _Candidate) -> ElfFile | None:
     return None
 
 
-def detect_python(pid: int) -> PyTarget | None:
-    """The CPython interpreter in `pid`, or None when the process holds none (or is gone).
+def detect_python(pid: int, *, stopped: bool = False) -> PyTarget | None:
+    """The CPython interpreter in `pid`, or None when the process holds none (or is gone). `stopped`: the process
+    is held stopped, so a failed live check is not a torn read and is not retried.
 
     Raises HostError when CPython is there but cannot be walked safely (one line, meant to be shown once),
     PythonNotLoaded (a HostError) when its libpython is not mapped yet.
@@ -201,13 +202,13 @@ def detect_python(pid: int) -> PyTarget | None:
             bias = cand.offset0_start - ((vaddr - foff) & ~0xFFF)
         version_sym = syms.get("Py_Version")
         version_addr = version_sym + bias if version_sym is not None else 0
-        return _attach(pid, cand, runtime + bias, version_addr)
+        return _attach(pid, cand, runtime + bias, version_addr, 1 if stopped else _CHECK_TRIES)
     if launcher and not any(_LIBPYTHON.search(os.path.basename(c.path)) for c in cands):
         raise PythonNotLoaded(f"pid {pid}: libpython is not mapped yet")
     return None
 
 
-def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int) -> PyTarget:
+def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int, tries: int) -> PyTarget:
     try:
         mem = ProcessMemory(pid)
     except TargetGone as e:
@@ -238,7 +239,7 @@ def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int) ->
             raise HostError(f"{label}: no verified struct layout for this version")
         tid_offset = -1
         last_error = ""
-        for attempt in range(_CHECK_TRIES):
+        for attempt in range(tries):
             try:
                 tid_offset, notes = _check_live(pid, mem, runtime_addr, layout)
                 warnings.extend(notes)
@@ -247,7 +248,8 @@ def _attach(pid: int, cand: _Candidate, runtime_addr: int, version_addr: int) ->
                 last_error = str(e)
                 if not psutil.pid_exists(pid):
                     raise HostError(f"{label}: process exited during attach") from None
-                time.sleep(0.01 * (attempt + 1))  # the target runs while we read: retry a torn read
+                if attempt + 1 < tries:
+                    time.sleep(0.01 * (attempt + 1))  # the target runs while we read: retry a torn read
         else:
             raise HostError(f"{label}: layout check failed: {last_error}")
     return PyTarget(pid, version, runtime_addr, layout, cand.path, tid_offset, tuple(warnings))

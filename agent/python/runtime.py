@@ -69,7 +69,8 @@ class PythonPlugin:
 
     def attach(self, pid: int, exec_seq: int, force: bool = False) -> tuple[PyTarget, PyRuntimeInfo] | None:
         """Detect CPython in `pid`; None when there is none (yet) or it cannot be walked. Rate-limited, except
-        with `force` (the target is stopped at a library open: a good moment, and it will not come back)."""
+        with `force` (the target is held stopped at a library open: a good moment, and it will not come back; one
+        quick try, as a stopped process cannot tear a read)."""
         if pid in self.procs or (pid, exec_seq) in self._absent:
             return None
         n, last = self._tries.get((pid, exec_seq), (0, 0.0))
@@ -81,7 +82,7 @@ class PythonPlugin:
         tries = n if force else n + 1
         self._tries[(pid, exec_seq)] = (tries, now)
         try:
-            t = detect_python(pid)
+            t = detect_python(pid, stopped=force)
         except PythonNotLoaded:
             return None  # read between its exec and the loader: not absent, ask again
         except HostError as e:

@@ -107,15 +107,15 @@ class ProcessExit(Runtime):
 
 class ProbeManager:
     """Owns the plug-ins of one capture. Feed it every probe record (`on_record`) and every new mapping
-    (`consider_process`); take its output with `take()`. `on_stop(pid)` runs while a target is stopped (at a
-    library open or exit), before it continues: the session re-reads its mappings there. A target is held at
+    (`consider_process`); take its output with `take()`. `on_stop(pid, exiting)` runs while a target is stopped
+    (at a library open, or in exit()), before it continues: the session re-reads its mappings there. A target is held at
     most `stop_deadline_ns` from its stop: a record read later than that continues it first.
 
     Work done for one target (libraries it maps, code objects its calls name) is charged to that target's
     core/limits.py Allowance, so one process cannot make us inflate or copy more than its share."""
 
     def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: TargetMemory | None = None,
-                 on_stop: Callable[[int], None] | None = None, stop_deadline_ns: int = STOP_DEADLINE_NS) -> None:
+                 on_stop: Callable[[int, bool], None] | None = None, stop_deadline_ns: int = STOP_DEADLINE_NS) -> None:
         runtimes = [*runtimes, ProcessExit()]
         self.runtimes = runtimes
         self._on_stop = on_stop
@@ -142,6 +142,8 @@ class ProbeManager:
         self.calls_unsent = 0  # of those, counted in BPF and left when the capture ended (events without a stack)
         self.returns_lost = 0
         self.stops_late = 0  # stop records read after the deadline (the target was continued first)
+        self.stops = 0  # targets stopped at a library open or exit, and continued by us
+        self.stopped_ns = 0  # how long they were held, all together (from BPF's stop to our SIGCONT)
         self.libs_seen_full = 0  # library paths BPF could not remember (their next open stops the target again)
 
     # --- libraries --------------------------------------------------------------------------------------------
@@ -277,7 +279,7 @@ class ProbeManager:
                 self._remember_library(rec.path)
                 if self._on_stop:
                     self._hold_no_longer(rec.pid)
-                    self._on_stop(rec.pid)  # the libraries opened before this one are mapped by now
+                    self._on_stop(rec.pid, False)  # the libraries opened before this one are mapped by now
         finally:
             self._continue(rec.pid)
 
@@ -306,6 +308,8 @@ class ProbeManager:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
+        self.stops += 1
+        self.stopped_ns += max(0, time.monotonic_ns() - since)
         try:
             self._bpf.resumed(pid, since)
         except OSError:
@@ -326,7 +330,7 @@ class ProbeManager:
                         self._on_call(rec)
                         if self._on_stop:
                             self._hold_no_longer(rec.pid)
-                            self._on_stop(rec.pid)
+                            self._on_stop(rec.pid, True)
                 finally:
                     self._continue(rec.pid)
                 return

@@ -122,7 +122,7 @@ def main() -> None:
     sync()
     dt = time.monotonic() - t1
     print(json.dumps({"steps": steps, "seconds": round(dt, 3), "steps_per_s": round(steps / dt, 2),
-                      "startup_s": round(t0 - START, 2)}), flush=True)
+                      "startup_s": round(t0 - START, 2), "end_unix": time.time()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ sizes for symbols that have none. ElfFile.functions() and function_addresses() a
 from __future__ import annotations
 
 import bisect
+import struct
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -29,6 +30,8 @@ __all__ = ["Symbol", "function_addresses", "function_symbols"]
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _STB_GLOBAL, _STB_WEAK = 1, 2
 _SHN_UNDEF, _SHN_ABS, _SHN_COMMON = 0, 0xFFF1, 0xFFF2
+_NOT_DEFINED = (_SHN_UNDEF, _SHN_ABS, _SHN_COMMON)
+_MAX_NAME_OFFSETS = 256  # names at more places in a string table than this: every entry is read instead
 _EM_386, _EM_ARM, _EM_X86_64, _EM_AARCH64 = 3, 40, 62, 183
 
 
@@ -65,21 +68,93 @@ def function_addresses(elf: ElfFile, names: set[str]) -> dict[str, int]:
     """Link-time address of each of `names` that is a defined function in .symtab or .dynsym.
 
     Unlike function_symbols(), aliases are kept: every name that is asked for and present is found. .dynsym is
-    searched first and .symtab only when names are still missing (a name in both has one address): a library's
-    exported calls are found without reading its full symbol table, which is time a target stays stopped at its
-    library open."""
+    searched first and .symtab only for names still missing that .dynsym does not import (a name in both has one
+    address; an imported name is defined elsewhere): a library's exported calls are found without reading its
+    full symbol table, which is time a target stays stopped at its library open."""
     out: dict[str, int] = {}
+    imported: set[str] = set()
     tables = sorted((s for s in elf.sections if s.type in (SHT_SYMTAB, SHT_DYNSYM)), key=lambda s: s.type != SHT_DYNSYM)
     for sec in tables:
-        if names <= out.keys():
+        wanted = names - out.keys() - imported
+        if not wanted:
             break
         try:
-            for value, _size, _rank, name in _read_function_symbols(elf, sec):
-                if name in names:
+            for name, info, shndx, value in _named_entries(elf, sec, wanted):
+                if _is_function(info, shndx, value):
                     out.setdefault(name, value)
+                elif shndx == _SHN_UNDEF and sec.type == SHT_DYNSYM:
+                    imported.add(name)
         except Unreadable:
             continue
+    if elf.machine == _EM_ARM:
+        out = {n: v & ~1 for n, v in out.items()}  # bit 0 marks Thumb code, not part of the address
     return out
+
+
+def _is_function(info: int, shndx: int, value: int) -> bool:
+    """A defined function (or IFUNC) with an address."""
+    kind = info & 0xF
+    return (kind == _STT_FUNC or kind == _STT_GNU_IFUNC) and value != 0 and shndx not in _NOT_DEFINED
+
+
+def _named_entries(elf: ElfFile, sec: Section, names: set[str]) -> Iterator[tuple[str, int, int, int]]:
+    """(name, st_info, st_shndx, st_value) of the entries of symbol table `sec` named one of `names`, in table
+    order. Found by byte searches where that pays (the entries whose st_name points at one of the names), else by
+    reading every entry."""
+    entsize = sec.entsize or elf.layout.sym.size
+    if entsize < elf.layout.sym.size:
+        return
+    data = elf.read_section(sec)
+    strtab = _strtab_for(elf, sec)
+    picked = _entries_named(data, entsize, strtab, names, elf.layout.sym.format[0])
+    entries = _iter_syms(elf, data, entsize) if picked is None else _picked_syms(elf, data, entsize, picked)
+    for name_off, info, shndx, value, _size in entries:
+        end = strtab.find(b"\0", name_off)
+        if end <= name_off:
+            continue
+        name = strtab[name_off:end].decode("utf-8", "replace")
+        if name in names:
+            yield name, info, shndx, value
+
+
+def _entries_named(data: bytes, entsize: int, strtab: bytes, names: set[str], order: str) -> list[int] | None:
+    """Indexes of the entries of symbol table `data` whose st_name (each entry's first word) points at one of
+    `names` in `strtab`, at its own string or at the tail of a longer one (linkers merge string tails). Byte
+    searches instead of unpacking every entry (libtorch_cuda has 200k symbols, read while its opener is stopped);
+    None when the names lie at too many places for that to pay (each place is a search of the whole table)."""
+    offsets: set[int] = set()
+    for name in names:
+        if not name:
+            continue  # no function has an empty name
+        key = name.encode("utf-8", "replace") + b"\0"
+        at = strtab.find(key)
+        while at >= 0:
+            offsets.add(at)
+            if len(offsets) > _MAX_NAME_OFFSETS:
+                return None
+            at = strtab.find(key, at + 1)
+    hits: list[int] = []
+    end = len(data) // entsize * entsize
+    for off in offsets:
+        pat = struct.pack(order + "I", off)
+        at = data.find(pat, 0, end)
+        while at >= 0:
+            if at % entsize == 0:
+                hits.append(at // entsize)
+            at = data.find(pat, at + 1, end)
+    return sorted(hits)
+
+
+def _picked_syms(elf: ElfFile, data: bytes, entsize: int,
+                 picked: list[int]) -> Iterator[tuple[int, int, int, int, int]]:
+    """_iter_syms for the entries `picked` only."""
+    st = elf.layout.sym
+    for i in picked:
+        if elf.is64:
+            name, info, _other, shndx, value, size = st.unpack_from(data, i * entsize)
+        else:
+            name, value, size, info, _other, shndx = st.unpack_from(data, i * entsize)
+        yield name, info, shndx, value, size
 
 
 def _strtab_for(elf: ElfFile, sec: Section) -> bytes:

@@ -87,14 +87,14 @@ def test_pid_mode_and_duration(examples: Path, tmp_path: Path) -> None:
 
 
 OPENER = """
-import os
+import os, sys
+d = sys.argv[1]
 print("ready", flush=True)
 i = 0
 while True:
-    try:
-        os.open(f"/nonexistent-aiflame/lib{i}.so", os.O_RDONLY)  # each new .so path stops it until handled
-    except OSError:
-        pass
+    path = f"{d}/lib{i}.so"  # each new .so path that opens stops it until handled
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    os.unlink(path)
     i += 1
 """
 
@@ -104,7 +104,7 @@ def test_target_is_never_left_stopped(tmp_path: Path) -> None:
     script = tmp_path / "opener.py"
     script.write_text(OPENER)
     for n in range(2):
-        target = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        target = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True)
         try:
             assert target.stdout is not None and target.stdout.readline().strip() == "ready"
             aiflame("profile", "-q", "-p", str(target.pid), "-d", "1", "-o", str(tmp_path / f"o{n}"))
@@ -117,6 +117,42 @@ def test_target_is_never_left_stopped(tmp_path: Path) -> None:
         finally:
             target.kill()
             target.wait()
+
+
+OPENS = """
+import os, sys
+d, failing, opening = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(failing):  # a loader's search: paths that do not exist
+    try:
+        os.open(f"{d}/missing/lib{i}.so", os.O_RDONLY)
+    except OSError:
+        pass
+for i in range(opening):
+    path = f"{d}/lib{i}.so.1"
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    os.unlink(path)
+    os.close(os.open(f"{d}/ld.so.cache", os.O_RDONLY | os.O_CREAT, 0o600))  # not a library
+"""
+
+
+def test_only_library_opens_that_succeed_stop_the_target(tmp_path: Path) -> None:
+    """A target stops at each new library path it opens, not at the paths a loader tries and misses (310 of a
+    CUDA torch import's 402), nor at ld.so.cache: the same program with 40 misses and 5 opens more than a run
+    without them stops exactly 5 times more."""
+    # Oracle: by construction (the program's 40 opens that fail, 5 that succeed and 5 of a non-library)
+    script = tmp_path / "opens.py"
+    script.write_text(OPENS)
+    stops = []
+    for failing, opening in ((0, 0), (40, 5)):
+        out = tmp_path / f"o{failing}"
+        aiflame("profile", "-q", "--formats", "folded", "-o", str(out), "--", "/usr/bin/python3", str(script),
+                str(tmp_path), str(failing), str(opening))
+        footer = read_capture(out / "profile.aiflame").footer
+        assert footer is not None
+        counters = footer.counters
+        assert counters.get("open_lost", 0) == 0 and counters.get("stops_late", 0) == 0, counters
+        stops.append(counters["stops"])
+    assert stops[1] - stops[0] == 5, stops
 
 
 def test_ctrl_c_keeps_a_complete_capture(examples: Path, tmp_path: Path) -> None:

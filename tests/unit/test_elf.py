@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -186,6 +187,40 @@ def test_functions_match_readelf(built: Built) -> None:
                 assert ours[addr].size == size, (path, name)
             else:
                 assert ours[addr].size > 0, (path, name)
+
+
+def _first_definitions(path: Path | str) -> dict[str, int]:
+    """name -> address of its first defined function entry, .dynsym before .symtab, from readelf."""
+    out: dict[str, int] = {}
+    for dynamic in (True, False):
+        for name, (addr, _size) in readelf_functions(Path(path), dynamic).items():
+            out.setdefault(name, addr)
+    return out
+
+
+LARGE_ELFS = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3",
+              "/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0"]
+
+
+@pytest.mark.parametrize("which", ["lib", "cpp", *LARGE_ELFS])
+def test_function_addresses_by_name_match_readelf(built: Built, which: str) -> None:
+    # Oracle: readelf -s (the first definition of each name, .dynsym first)
+    path = getattr(built, which) if which in ("lib", "cpp") else which
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not on this machine")
+    oracle = _first_definitions(path)
+    every = sorted(oracle)
+    rng = random.Random(7)
+    # names that are the tail of a longer name share its string (linkers merge string tails)
+    tails = [n[k:] for n in every for k in (1, 2) if len(n) > k + 2]
+    for _ in range(6):
+        names = set(rng.sample(every, min(40, len(every)))) | set(rng.sample(tails, min(20, len(tails))))
+        names |= {"aiflame_no_such_function", ""}
+        with ElfFile.open(path) as e:
+            found = e.function_addresses(names)
+        assert found == {n: oracle[n] for n in names if n in oracle}
+    with ElfFile.open(path) as e:
+        assert e.function_addresses(set(every)) == oracle
 
 
 def test_zero_size_symbol_extends_to_next(built: Built) -> None:

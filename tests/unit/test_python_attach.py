@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from aiflame.agent.python import runtime
+from aiflame.agent.python import detect, runtime
 from aiflame.agent.python.detect import PythonNotLoaded
 from aiflame.agent.python.runtime import PythonPlugin
-from aiflame.core.errors import HostError
+from aiflame.core.errors import HostError, Unreadable
 
 
 class _Detect:
     def __init__(self, error: Exception | None) -> None:
         self.error = error
         self.calls = 0
+        self.stopped: list[bool] = []
 
-    def __call__(self, pid: int) -> None:
+    def __call__(self, pid: int, *, stopped: bool = False) -> None:
         self.calls += 1
+        self.stopped.append(stopped)
         if self.error is not None:
             raise self.error
 
@@ -39,6 +43,28 @@ def test_forced_tries_leave_the_timed_ones(monkeypatch: pytest.MonkeyPatch, plug
         plugin.attach(7, 1)
     assert detect.calls == 4 * PythonPlugin.RETRIES  # then the timed ones stop
     assert len(plugin.warnings) == 1 and "no interpreter" in plugin.warnings[0]
+    # a forced try is made with the target stopped: a failed check there is not retried
+    assert detect.stopped == [True] * 3 * PythonPlugin.RETRIES + [False] * PythonPlugin.RETRIES
+
+
+def test_a_stopped_target_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed live check is retried after a pause only while the target runs (a torn read): a stopped one
+    cannot change between tries, and each pause would hold it longer."""
+    checks: list[int] = []
+    sleeps: list[float] = []
+
+    def failing_check(pid: int, *a: object) -> None:
+        checks.append(pid)
+        raise Unreadable("no interpreter (starting up or finalizing)")
+
+    monkeypatch.setattr(detect, "_check_live", failing_check)
+    monkeypatch.setattr(detect.time, "sleep", sleeps.append)
+    for stopped, tries in ((True, 1), (False, detect._CHECK_TRIES)):
+        checks.clear()
+        sleeps.clear()
+        with pytest.raises(HostError, match="layout check failed"):
+            detect.detect_python(os.getpid(), stopped=stopped)
+        assert len(checks) == tries and len(sleeps) == tries - 1
 
 
 def test_not_loaded_yet_is_not_absent(monkeypatch: pytest.MonkeyPatch, plugin: PythonPlugin) -> None:

@@ -8,7 +8,8 @@ import bisect
 import os
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from aiflame.symbolize.objfmt.cfi import (
     Rule,
     UnwindTable,
 )
+from aiflame.symbolize.objfmt.cfi import fast as cfi_fast
 from aiflame.symbolize.objfmt.elf import ElfFile
 
 R1 = Rule(CFA_RSP, RBP_UNCHANGED, 8, 0)
@@ -357,3 +359,47 @@ def test_executed_tables_are_kept_and_evicted_ones_come_back_on_demand(files: Ca
     p.tables.note_walk(99, (0x1000_0010,), STOP_EVICTED)
     p.tables.note_walk(1, (), STOP_EVICTED)
     assert p.tables.catch_up() == 0
+
+
+@contextmanager
+def python_engine() -> Iterator[None]:
+    """The table work done without the C engine (as on a host without a compiler)."""
+    saved = cfi_fast._fast_state
+    s = cfi_fast._FastState()
+    s.tried, s.error = True, "cc: not found"
+    cfi_fast._fast_state = s
+    try:
+        yield
+    finally:
+        cfi_fast._fast_state = saved
+
+
+def test_the_c_engine_is_there_for_the_pool() -> None:
+    """The equivalence tests below compare C with Python: they mean something only when C is there."""
+    assert cfi_fast._fast_lib() is not None, cfi_fast._fast_state.error
+
+
+@given(st.sets(st.integers(0, 1 << 26), min_size=1, max_size=400))
+def test_page_indexes_in_c_and_python_agree(pcs: set[int]) -> None:
+    rows = b"".join(ROW.pack(a, 1, 0) for a in sorted(pcs))
+    with python_engine():
+        slow = page_index(rows)
+    assert page_index(rows) == slow
+
+
+def test_rows_renumbered_in_c_and_python_alike(files: Callable[[str], str]) -> None:
+    """The pool holds each row with its global rule index, whichever engine wrote it."""
+    tables = {"a": table((R1, R2), 50), "b": table((R3, R2, R1), 301, first_pc=0x2000)}
+    pools = []
+    for engine in (python_engine, nullcontext):
+        with engine():
+            p = make_pool(1000, dict(tables))
+            p.tables.add_process(1, [mapping(files("a"), 0x5000_0000), mapping(files("b"), 0x6000_0000)])
+            pools.append(bytes(p.pool))
+    assert pools[0] == pools[1]
+    p = make_pool(1000, dict(tables))
+    p.tables.add_process(1, [mapping(files("a"), 0x5000_0000), mapping(files("b"), 0x6000_0000)])
+    (ma, mb) = p.proc(1)
+    rules = {pc: rule for pc, rule in p.rows(ma.first_row, ma.nrows) + p.rows(mb.first_row, mb.nrows)}
+    # R2 is one global rule in both files; a's row 1 and b's row 1 hold it
+    assert rules[0x1010] == rules[0x2010] != rules[0x1000]

@@ -1054,3 +1054,37 @@ int cfi_check_rows(const uint8_t *rows, uint64_t nrows, uint64_t nrules) {
     uint32_t first = (uint32_t)rows[4] | (uint32_t)rows[5] << 8;
     return first == 0 || prev_idx != 0 ? 3 : 0;
 }
+
+/* A table's rows as the BPF pool holds them (agent/kernel/unwind.py): each row's rule index replaced by
+ * map[index], in place. 0, or 1 when an index is not below nmap (the rows from there on are left as they were). */
+int cfi_renumber(uint8_t *rows, uint64_t nrows, const uint16_t *map, uint64_t nmap) {
+    for (uint64_t i = 0; i < nrows; i++) {
+        uint8_t *p = rows + 8 * i;
+        uint32_t idx = (uint32_t)p[4] | (uint32_t)p[5] << 8;
+        if (idx >= nmap)
+            return 1;
+        p[4] = (uint8_t)map[idx], p[5] = (uint8_t)(map[idx] >> 8);
+    }
+    return 0;
+}
+
+/* The page index of agent/kernel/unwind.py for one page size: index[k] is the first row whose pc is at or above
+ * base + (k << shift), for k = 0 .. npages (npages + 1 entries). Returns the most rows one page holds. */
+uint64_t cfi_page_index(const uint8_t *rows, uint64_t nrows, uint64_t base, unsigned shift, uint32_t *index,
+                        uint64_t npages) {
+    uint64_t i = 0, most = 0;
+    for (uint64_t k = 0; k <= npages; k++) {
+        uint64_t start = base + (k << shift);
+        while (i < nrows) {
+            const uint8_t *p = rows + 8 * i;
+            uint64_t pc = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;
+            if (pc >= start)
+                break;
+            i++;
+        }
+        index[k] = (uint32_t)i;
+        if (k && i - index[k - 1] > most)
+            most = i - index[k - 1];
+    }
+    return most;
+}

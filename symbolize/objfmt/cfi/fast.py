@@ -12,6 +12,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+from array import array
 
 from aiflame.core.errors import AiflameError, HostError, InternalError, Refused, Unreadable
 from aiflame.core.safe_files import trusted_dir
@@ -118,6 +119,11 @@ def _load_fast(cache_dir: str | None = None) -> ctypes.CDLL:
     lib.cfi_sizes.restype = None
     lib.cfi_check_rows.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64]
     lib.cfi_check_rows.restype = ctypes.c_int
+    lib.cfi_renumber.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+    lib.cfi_renumber.restype = ctypes.c_int
+    lib.cfi_page_index.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint,
+                                   ctypes.c_void_p, ctypes.c_uint64]
+    lib.cfi_page_index.restype = ctypes.c_uint64
     sizes = (ctypes.c_uint64 * 2)()
     lib.cfi_sizes(sizes)
     if tuple(sizes) != (ctypes.sizeof(_CInput), ctypes.sizeof(_CResult)):
@@ -159,3 +165,26 @@ def _build_c(lib: ctypes.CDLL, inp: _Input) -> UnwindTable:
                      tuple(st[7 + n :]))
     return UnwindTable(rows, rules, stats)
 
+
+
+def renumber_rules(rows: bytearray, rules: array[int]) -> bool | None:
+    """Rewrite each row's rule index i (rows as ROW packs them) to rules[i], in place, in C: True, False when an
+    index is out of range, None when the C engine is not there (the caller does it in Python)."""
+    lib = _fast_lib()
+    if lib is None:
+        return None
+    buf = (ctypes.c_char * len(rows)).from_buffer(rows)
+    table = (ctypes.c_uint16 * max(1, len(rules))).from_buffer(rules) if rules else None
+    return bool(lib.cfi_renumber(buf, len(rows) // ROW.size, table, len(rules)) == 0)
+
+
+def page_starts(rows: bytes, base: int, shift: int, npages: int) -> tuple[array[int], int] | None:
+    """(the first row at or above each of npages + 1 page starts from `base`, the most rows in one page), in C;
+    None when the C engine is not there."""
+    lib = _fast_lib()
+    if lib is None:
+        return None
+    index = array("I", bytes(4 * (npages + 1)))
+    buf = (ctypes.c_uint32 * len(index)).from_buffer(index)
+    most = lib.cfi_page_index(rows, len(rows) // ROW.size, base, shift, buf, npages)
+    return index, int(most)
