@@ -124,6 +124,7 @@ class CapturePipeline:
         self.before_delay = 0  # samples left out so far
         self._procs: list[ProcEvent] = []
         self._env_ranked: set[int] = set()  # pids whose rank was read from their environment
+        self._loader_stops: set[int] = set()  # pids whose image has stopped in the loader (Loader probe)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -191,6 +192,7 @@ class CapturePipeline:
                     self.snapshot(ev.child)
             elif ev.kind == RecKind.EXEC:
                 self.processes.exec_seen(ev.pid)
+                self._loader_stops.discard(ev.pid)  # a new image, maybe with a loader we do not probe
                 sampler.clear_python(ev.pid)
                 self.python.forget(ev.pid)
                 if self.probes:
@@ -306,6 +308,7 @@ class CapturePipeline:
         self.processes.forget(pid)
         self.launches.forget(pid)
         self._env_ranked.discard(pid)
+        self._loader_stops.discard(pid)
         self.stats.pids = len(self.processes.snaps)
 
     def _refresh_mappings(self, stacks: Iterable[tuple[int, Sequence[int]]], min_age_s: float) -> None:
@@ -320,12 +323,16 @@ class CapturePipeline:
             self.sampler.set_python(pid, proc_rec(target))
             self.writer.add_py_runtime(info)
 
-    def _on_target_stop(self, pid: int, exiting: bool) -> None:
-        """A target waits, stopped, at a library open or in exit(): read its mappings now if they changed."""
+    def _on_target_stop(self, pid: int, why: str) -> None:
+        """A target waits, stopped, at a library open, in the loader once it has mapped what it opened, or in
+        exit(): read its mappings now if they changed. At an open, only until the loader's stop has come once:
+        from then on that stop reads them, once per dlopen instead of once per library."""
         writer = self.writer
         if writer is None:
             return
-        if not self.processes.unchanged(pid):
+        if why == "loader":
+            self._loader_stops.add(pid)
+        if (why != "open" or pid not in self._loader_stops) and not self.processes.unchanged(pid):
             self.snapshot(pid)
         # The library being opened is mapped only after this stop: the first sample that runs in it must read
         # the maps again at once (the last library the loader opens, libc, would otherwise stay unknown to the
@@ -333,7 +340,7 @@ class CapturePipeline:
         self.processes.read_soon(pid)
         if pid not in self.python.procs:
             self._attach_python(pid, force=True)  # before the calls it is about to make
-        if not exiting:
+        if why != "process":
             return  # the rest can wait for the drain, the target running
         # Python code objects named so far must be read while the process lives.
         self.write_probe_output()

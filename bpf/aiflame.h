@@ -137,6 +137,9 @@ struct proc_rec {
  * args[sample_arg]) in call_skipped, and the next record kept for that key carries the count in `calls`: every
  * call is counted, per kernel, and the stacks kept stand for the calls around them. */
 #define PROBE_SAMPLE 64
+/* with PROBE_STOP: only when the process opened a shared object since its last such stop (the loader's
+ * _dl_debug_state: its mappings are complete, nothing of them has run yet) */
+#define PROBE_IF_OPENED 128
 #define AIFLAME_PROBE_REGS 6
 
 struct probe_spec {

@@ -24,6 +24,10 @@ BPF_TABLE("lru_hash", u64, u64, call_outs, 16384);
 /* FNV-1a hashes of library paths the agent has already handled: their opens do not stop the target. LRU: a
  * target opening endless distinct names cannot fill it; a path evicted stops its next opener once more. */
 BPF_TABLE("lru_hash", u64, u8, libs_seen, 65536);
+/* Targets that opened a shared object since their last PROBE_IF_OPENED stop (the loader's, once it has mapped
+ * what it opened): the agent reads their mappings there, before the libraries' code runs. LRU: the entries of
+ * processes gone go first. */
+BPF_TABLE("lru_hash", u32, u8, libs_opened, AIFLAME_MAX_TARGETS);
 /* Library opens go out through a ring buffer of their own, which the agent reads first: their target waits,
  * stopped, and must not wait while the agent reads the records queued before them (a CUDA library's constructors
  * register ~24k kernels just before the loader opens the next library). */
@@ -206,8 +210,9 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
     if (size > sizeof(struct call_rec))
         size = sizeof(struct call_rec);
     if (spec->flags & PROBE_STOP) {
-        /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it */
-        if (stop_target_and_emit(rec->pid, rec->time_ns, rec, size, 0) != 0)
+        /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it. The
+         * loader's stops go out with the library opens, read first; exit's after the records before it. */
+        if (stop_target_and_emit(rec->pid, rec->time_ns, rec, size, spec->flags & PROBE_IF_OPENED) != 0)
             count(CNT_CALL_LOST);
         return 0;
     }
@@ -237,6 +242,11 @@ int on_call(struct pt_regs *ctx) {
     struct call_rec *rec = call_scratch.lookup(&zero);
     if (!spec || !rec)
         return 0;
+    if (spec->flags & PROBE_IF_OPENED) {
+        if (!libs_opened.lookup(&tgid))
+            return 0;
+        libs_opened.delete(&tgid);
+    }
     FILL_HEAD(rec, REC_CALL, id);
     rec->probe = probe;
     rec->args[0] = ctx->di;
@@ -411,11 +421,13 @@ static __always_inline u64 library_hash(const char *p, int *is_so) {
 }
 
 BPF_PERCPU_ARRAY(open_scratch, struct open_rec, 1);
-/* tid -> the path of an openat in flight that names a shared object not handled yet. Its target stops at the
- * syscall's exit, and only if the file opened: a loader searches many paths that do not exist (310 of the 402
- * library paths a CUDA torch import tries), and each stop costs the target a round trip through the agent.
- * LRU: a thread that dies inside openat leaves its entry. */
-BPF_TABLE("lru_hash", u32, u64, opens_in_flight, 16384);
+/* pid_tgid -> the record of an openat in flight that names a shared object not handled yet, its path copied at
+ * the syscall's entry (what was checked is what the agent handles, whatever the caller's memory says later).
+ * Its target stops at the syscall's exit, and only if the file opened: a loader tries many paths that do not
+ * exist (310 of the 402 library paths of a CUDA torch import), and each stop costs the target a round trip
+ * through the agent. LRU: a thread that dies inside openat leaves its entry (keyed with its process, so a tid
+ * reused elsewhere never finds it). */
+BPF_TABLE("lru_hash", u64, struct open_rec, opens_in_flight, 4096);
 
 TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
     const char *filename = args->filename;
@@ -427,42 +439,43 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
     struct open_rec *rec = open_scratch.lookup(&zero);
     if (!rec)
         return 0;
-    if (bpf_probe_read_user_str(rec->path, sizeof(rec->path), filename) <= 0)
-        return 0;
     int is_so = 0;
-    u64 h = library_hash(rec->path, &is_so);
-    if (!is_so || libs_seen.lookup(&h))
+    u64 h = 0;
+    if (bpf_probe_read_user_str(rec->path, sizeof(rec->path), filename) > 0)
+        h = library_hash(rec->path, &is_so);
+    if (!is_so) {
+        opens_in_flight.delete(&id); /* a stale entry of this thread (one that died in openat had its tid) */
         return 0;
-    u32 tid = id;
-    u64 ptr = (u64)filename;
-    if (opens_in_flight.update(&tid, &ptr) != 0)
+    }
+    rec->kind = libs_seen.lookup(&h) ? 0 : REC_OPEN; /* 0: handled already, the exit only notes the open */
+    if (opens_in_flight.update(&id, rec) != 0)
         count(CNT_OPEN_LOST);
     return 0;
 }
 
-/* The open succeeded: stop the target before the library is mapped. The path is read again from the caller's
- * memory (what it names now is what the record carries; the agent handles that path). */
+/* The open succeeded: the target's next loader stop reads its mappings, and an unseen library stops it now,
+ * before the library is mapped. */
 TRACEPOINT_PROBE(syscalls, sys_exit_openat) {
     u64 id = bpf_get_current_pid_tgid();
-    u32 tid = id;
-    u64 *ptr = opens_in_flight.lookup(&tid);
-    if (!ptr)
-        return 0;
-    const char *filename = (const char *)*ptr;
-    opens_in_flight.delete(&tid);
-    if (args->ret < 0)
-        return 0;
-    u32 zero = 0;
-    struct open_rec *rec = open_scratch.lookup(&zero);
+    struct open_rec *rec = opens_in_flight.lookup(&id);
     if (!rec)
         return 0;
-    if (bpf_probe_read_user_str(rec->path, sizeof(rec->path), filename) <= 0) {
-        count(CNT_OPEN_LOST);
+    long ret = args->ret;
+    u32 tgid = id >> 32;
+    if (ret < 0 || !is_target(tgid)) {
+        opens_in_flight.delete(&id);
+        return 0;
+    }
+    u8 one = 1;
+    libs_opened.update(&tgid, &one);
+    if (rec->kind != REC_OPEN) {
+        opens_in_flight.delete(&id);
         return 0;
     }
     FILL_HEAD(rec, REC_OPEN, id);
     /* stopped before the library is mapped */
-    if (stop_target_and_emit(id >> 32, rec->time_ns, rec, sizeof(*rec), 1) != 0)
+    if (stop_target_and_emit(tgid, rec->time_ns, rec, sizeof(*rec), 1) != 0)
         count(CNT_OPEN_LOST);
+    opens_in_flight.delete(&id);
     return 0;
 }

@@ -6,6 +6,7 @@ cubins) built without holding their inflated size in memory."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import subprocess
 import tempfile
@@ -50,12 +51,14 @@ API int cudaDeviceSynchronize(void) { __asm__ volatile(""); return 0; }
 
 
 def build_standin(directory: Path) -> Path:
-    """`directory`/libcudart.so.12, built with gcc as nobody would, owned by nobody."""
+    """`directory`/libcudart.so.12, built with gcc as nobody would, owned by nobody; and a copy named
+    libcuda.so.1 beside it, where the driver's calls are probed."""
     src = directory / "standin.c"
     src.write_text(STANDIN_C)
     lib = directory / "libcudart.so.12"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-g", "-o", str(lib), str(src)], check=True)
-    for p in (src, lib):
+    shutil.copy(lib, directory / "libcuda.so.1")
+    for p in (src, lib, directory / "libcuda.so.1"):
         os.chown(p, NOBODY, NOBODY)
     return lib
 
@@ -136,10 +139,11 @@ ATTACKER = textwrap.dedent(r'''
         m[:64] = bytes(hdr)
         image = ctypes.addressof(ctypes.c_char.from_buffer(m))
         mod = ctypes.c_void_p()
+        driver = ctypes.CDLL(os.path.join(os.path.dirname(sys.argv[1]), "libcuda.so.1"))
         say("ready")
         end = time.time() + float(args[0])
         while time.time() < end:
-            lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_void_p(image))
+            driver.cuModuleLoadData(ctypes.byref(mod), ctypes.c_void_p(image))
             say("loaded")
             spin(0.5)
     elif mode == "threads":                 # a flood of short-lived threads

@@ -48,6 +48,7 @@ class ProbeFlag(enum.IntFlag):
     REGS = 16
     RET = 32
     SAMPLE = 64
+    IF_OPENED = 128
 
 
 class Counter(enum.IntEnum):

@@ -174,7 +174,7 @@ UW_PROGS = {"uw_progs": ("uw_sample_step", "sample_finish", "uw_sample_scan"),
 MAPS = ["events", "stop_events", "targets", "children", "stops", "counters", "py_procs", "probe_specs", "libs_seen",
         "call_skipped", *UNWIND_MAPS,
         *LAYOUT_MAPS.values(), *PROBE_LAYOUT_MAPS.values(), *OFFCPU_LAYOUT_MAPS.values()]
-OPENAT = ("syscalls", "sys_enter_openat")
+OPENAT = [("syscalls", "sys_enter_openat"), ("syscalls", "sys_exit_openat")]
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _SAMPLE_KEY = struct.Struct("<IIQ")  # struct sample_key: tgid, probe, arg
 DRAIN_SLICE = 256  # records of the main ring buffer read between two looks at the ring of library opens
@@ -486,7 +486,8 @@ class CpuSampler:
         running (detaching waits them out), so every stop record already sent is in the ring buffer."""
         self.detach_probes()
         if self._obj is not None:
-            self._obj.detach(":".join(OPENAT))
+            for tracepoint in OPENAT:  # the exit's too: an open entered before may return after
+                self._obj.detach(":".join(tracepoint))
 
     def close(self) -> None:
         self.stop_stopping()

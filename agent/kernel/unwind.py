@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from aiflame.agent.kernel.bpf_object import BpfObject
+from aiflame.agent.kernel.vdso import vdso_file
 from aiflame.core.errors import AiflameError, TargetGone
 from aiflame.core.raw import Mapping
 from aiflame.symbolize.objfmt.cfi import NOT_COVERED, RULE, Rule, UnwindTable, load_or_build
@@ -41,6 +42,7 @@ MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
 ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
 ROWS_JIT = 0xFFFFFFFE  # UW_ROWS_JIT
 JIT = "[jit]"  # the key of anonymous executable memory: no table, scanned past in BPF
+VDSO = "[vdso]"  # the kernel's vDSO mapping: its table is read from our own copy (agent/kernel/vdso.py)
 STOP_EVICTED = 8  # UW_STOP_EVICTED (core/unwind.STOPS)
 # struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift, table_id, pad
 _MAP = struct.Struct("<QQQIIIIIIII")
@@ -181,6 +183,8 @@ class UnwindTables:
         self._failed: set[str] = set()  # keys of files whose table could not be built or stored: not tried again
         self._starts: dict[int, list[int]] = {}  # pid -> its mappings' starts, as _proc_keys orders them
         self._wanted: dict[str, tuple[int, Mapping]] = {}  # evicted tables a walk stopped at -> a mapping of them
+        self._vdso_file: tuple[str, int] | None = None
+        self._vdso_looked = False
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
@@ -199,6 +203,8 @@ class UnwindTables:
                 continue
             if m.path.startswith("/"):
                 entries.append((m, self._load(pid, m)))
+            elif m.path == VDSO and (key := self._load(pid, m)):
+                entries.append((m, key))
             elif _is_jit(m.path):
                 jit.append((m, JIT))
         # JIT regions as room allows after the files (a JIT-heavy process has many); the list is sorted by start
@@ -246,6 +252,8 @@ class UnwindTables:
         still loaded, or evicted (`reload`: load it again), costs one stat, not an ELF open (a torch process
         maps ~100 of them, re-read at each snapshot)."""
         path = self._file_of(pid, m)
+        if not path:
+            return ""
         try:
             st = os.stat(path)
         except OSError as e:
@@ -356,8 +364,18 @@ class UnwindTables:
         return n
 
     def _file_of(self, pid: int, m: Mapping) -> str:
-        """Where `m`'s file is read: through the process, so it is the file mapped even if replaced on disk."""
+        """Where `m`'s file is read: through the process, so it is the file mapped even if replaced on disk. The
+        vDSO from our own copy ("" when we have none, or the target's differs in size: a 32-bit process)."""
+        if m.path == VDSO:
+            vdso = self._vdso()
+            return vdso[0] if vdso is not None and vdso[1] == m.end - m.start else ""
         return f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+
+    def _vdso(self) -> tuple[str, int] | None:
+        """This kernel's vDSO as a file and its size (agent/kernel/vdso.py), looked for once."""
+        if not self._vdso_looked:
+            self._vdso_looked, self._vdso_file = True, vdso_file()
+        return self._vdso_file
 
     def _over_limits(self, table: UnwindTable) -> bool:
         """Whether `table` could never be stored, however empty the pools (its page index or its rules)."""

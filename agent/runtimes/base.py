@@ -74,6 +74,7 @@ class ProbeSpec:
     string: int = -1  # a source holding a char* to read (-1: none)
     out_arg: int = -1  # an argument pointing where the call writes a result (a handle), read at return
     stop: bool = False  # stop the process at entry until the agent has looked at it (see ProbeManager)
+    if_opened: bool = False  # with `stop`: only if it opened a shared object since its last such stop
     regs: tuple[int, ...] = ()  # registers (0-15) captured as ARG0.. instead of the argument registers
     # A launch: the argument naming what is launched (the kernel). Calls past the per-CPU record budget are then
     # counted per value of it in BPF, and the next record of the same value stands for them too ("calls").
@@ -81,6 +82,9 @@ class ProbeSpec:
     # a USDT site: where each of its arguments is in the Call (UsdtValue), and its semaphore's file offset
     usdt: tuple[UsdtValue, ...] = ()
     semaphore: int = 0
+    # only in libraries whose file name starts with one of these (the driver's calls are libcuda's alone): the
+    # rest of the runtime's libraries are not searched for it (a symbol search is time the opener waits)
+    libs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.regs) > MAX_REGS:

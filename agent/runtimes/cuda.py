@@ -37,6 +37,7 @@ from aiflame.symbolize.objfmt.elf_format import sniff_header
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel")
 MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}
 STR_MAX = 128  # AIFLAME_CALL_STR: a string this long (with its NUL) may have been cut
+DRIVER = ("libcuda.so",)  # the driver API lives there only (a static cudart reaches it through dlopen)
 
 
 def _spec(names: str, call: str = "", **kw: object) -> ProbeSpec:
@@ -73,16 +74,16 @@ SPECS = [
     _spec("cudaStreamSynchronize_ptsz", "cudaStreamSynchronize", ret=True),
     _spec("cudaEventSynchronize", ret=True),
     # driver: launches, modules from memory, function lookups
-    _spec("cuLaunchKernel cuLaunchKernel_ptsz", "cuLaunchKernel", ret=True,
+    _spec("cuLaunchKernel cuLaunchKernel_ptsz", "cuLaunchKernel", ret=True, libs=DRIVER,
           derefs=(Deref(SP, 8), Deref(SP, 16), Deref(SP, 24)), sample_arg=ARG0),
-    _spec("cuLaunchKernelEx cuLaunchKernelEx_ptsz", "cuLaunchKernelEx", ret=True,
+    _spec("cuLaunchKernelEx cuLaunchKernelEx_ptsz", "cuLaunchKernelEx", ret=True, libs=DRIVER,
           derefs=(Deref(ARG0, 0), Deref(ARG0, 8), Deref(ARG0, 16), Deref(ARG0, 24)), sample_arg=ARG0 + 1),
-    _spec("cuModuleLoadData", ret=True, out_arg=ARG0),
-    _spec("cuModuleLoadDataEx", ret=True, out_arg=ARG0),
-    _spec("cuModuleLoadFatBinary", ret=True, out_arg=ARG0),
-    _spec("cuLibraryLoadData", ret=True, out_arg=ARG0),
-    _spec("cuModuleGetFunction", ret=True, stack=False, out_arg=ARG0, string=ARG2),
-    _spec("cuLibraryGetKernel", ret=True, stack=False, out_arg=ARG0, string=ARG2),
+    _spec("cuModuleLoadData", ret=True, libs=DRIVER, out_arg=ARG0),
+    _spec("cuModuleLoadDataEx", ret=True, libs=DRIVER, out_arg=ARG0),
+    _spec("cuModuleLoadFatBinary", ret=True, libs=DRIVER, out_arg=ARG0),
+    _spec("cuLibraryLoadData", ret=True, libs=DRIVER, out_arg=ARG0),
+    _spec("cuModuleGetFunction", ret=True, libs=DRIVER, stack=False, out_arg=ARG0, string=ARG2),
+    _spec("cuLibraryGetKernel", ret=True, libs=DRIVER, stack=False, out_arg=ARG0, string=ARG2),
 ]
 
 

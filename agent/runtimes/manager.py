@@ -57,6 +57,8 @@ def spec_rec(spec: ProbeSpec) -> ProbeSpecRec:
         rec.out_arg = spec.out_arg
     if spec.stop:
         flags |= ProbeFlag.STOP
+    if spec.if_opened:
+        flags |= ProbeFlag.IF_OPENED
     for i in range(len(rec.regs)):
         rec.regs[i] = spec.regs[i] if i < len(spec.regs) else -1
     if spec.regs:
@@ -105,18 +107,37 @@ class ProcessExit(Runtime):
         return []
 
 
+class Loader(Runtime):
+    """Stops a target in the dynamic loader once it has mapped the libraries it just opened, before their
+    relocation and constructors (glibc calls _dl_debug_state with RT_CONSISTENT there, for debuggers): the agent
+    reads the new mappings, so walks through those libraries have their tables from their first instruction.
+    BPF makes the stop only when the process opened a shared object since its last one (PROBE_IF_OPENED)."""
+
+    name: ClassVar[str] = "loader"
+
+    def specs(self) -> list[ProbeSpec]:
+        return [ProbeSpec(("_dl_debug_state",), "_dl_debug_state", stack=False, stop=True, if_opened=True)]
+
+    def wants(self, lib: Library) -> bool:
+        return lib.basename.startswith("ld-linux")
+
+    def decode(self, call: Call, mem: TargetMemory) -> list[RawEvent | GpuCode]:
+        return []
+
+
 class ProbeManager:
     """Owns the plug-ins of one capture. Feed it every probe record (`on_record`) and every new mapping
-    (`consider_process`); take its output with `take()`. `on_stop(pid, exiting)` runs while a target is stopped
-    (at a library open, or in exit()), before it continues: the session re-reads its mappings there. A target is held at
+    (`consider_process`); take its output with `take()`. `on_stop(pid, why)` runs while a target is stopped, before it
+    continues: at a library open ("open"), in the loader once it has mapped what it opened ("loader"), or in
+    exit() ("process"); the session re-reads its mappings there. A target is held at
     most `stop_deadline_ns` from its stop: a record read later than that continues it first.
 
     Work done for one target (libraries it maps, code objects its calls name) is charged to that target's
     core/limits.py Allowance, so one process cannot make us inflate or copy more than its share."""
 
     def __init__(self, runtimes: list[Runtime], bpf: ProbeTarget, mem: TargetMemory | None = None,
-                 on_stop: Callable[[int, bool], None] | None = None, stop_deadline_ns: int = STOP_DEADLINE_NS) -> None:
-        runtimes = [*runtimes, ProcessExit()]
+                 on_stop: Callable[[int, str], None] | None = None, stop_deadline_ns: int = STOP_DEADLINE_NS) -> None:
+        runtimes = [*runtimes, ProcessExit(), Loader()]
         self.runtimes = runtimes
         self._on_stop = on_stop
         self._bpf = bpf
@@ -174,7 +195,8 @@ class ProbeManager:
 
     def _attach_file(self, elf: ElfFile, path: str, key: tuple[int, int]) -> Attached | None:
         lib = Library(path, frozenset(s.name for s in elf.sections))
-        wanted = [(probe, rt, spec) for probe, (rt, spec) in enumerate(self._specs) if rt.wants(lib)]
+        wanted = [(probe, rt, spec) for probe, (rt, spec) in enumerate(self._specs)
+                  if rt.wants(lib) and (not spec.libs or lib.basename.startswith(spec.libs))]
         done = self._attach_symbols(elf, path, wanted) if wanted else None
         if ".note.stapsdt" in lib.sections:
             done = self._attach_usdt(elf, path, done)
@@ -218,8 +240,9 @@ class ProbeManager:
 
     def _attach_symbols(self, elf: ElfFile, path: str,
                         wanted: list[tuple[int, Runtime, ProbeSpec]]) -> Attached | None:
-        names = {s for _, _, spec in wanted for s in spec.symbols}
-        addrs = elf.function_addresses(names)
+        addrs: dict[str, int] = {}
+        for rt in {id(rt): rt for _, rt, _ in wanted}.values():  # each runtime's calls are one library's API
+            addrs |= elf.function_addresses({s for _, r, spec in wanted if r is rt for s in spec.symbols}, True)
         placing: list[tuple[ProbeSite, Runtime, ProbeSpec]] = []
         for probe, rt, spec in wanted:
             sym = next((s for s in spec.symbols if s in addrs), None)
@@ -279,7 +302,7 @@ class ProbeManager:
                 self._remember_library(rec.path)
                 if self._on_stop:
                     self._hold_no_longer(rec.pid)
-                    self._on_stop(rec.pid, False)  # the libraries opened before this one are mapped by now
+                    self._on_stop(rec.pid, "open")  # the libraries opened before this one are mapped by now
         finally:
             self._continue(rec.pid)
 
@@ -330,7 +353,7 @@ class ProbeManager:
                         self._on_call(rec)
                         if self._on_stop:
                             self._hold_no_longer(rec.pid)
-                            self._on_stop(rec.pid, True)
+                            self._on_stop(rec.pid, self._specs[rec.probe][0].name)  # "process" (exit), "loader"
                 finally:
                     self._continue(rec.pid)
                 return

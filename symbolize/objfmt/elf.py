@@ -166,10 +166,10 @@ class ElfFile:
                 return s.offset + (vaddr - s.vaddr)
         return None
 
-    def function_addresses(self, names: set[str]) -> dict[str, int]:
+    def function_addresses(self, names: set[str], together: bool = False) -> dict[str, int]:
         """Link-time address of each of `names` that is a defined function in .symtab or .dynsym (aliases kept:
-        every name asked for and present is found)."""
-        return function_addresses(self, names)
+        every name asked for and present is found). `together`: one library's API (elf_symbols.py)."""
+        return function_addresses(self, names, together)
 
     def debug_layout_vaddr(self, off: int) -> int | None:
         """Best guess of `file_offset_to_vaddr` for a debug-only file (objcopy --only-keep-debug).

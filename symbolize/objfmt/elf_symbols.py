@@ -32,6 +32,7 @@ _STB_GLOBAL, _STB_WEAK = 1, 2
 _SHN_UNDEF, _SHN_ABS, _SHN_COMMON = 0, 0xFFF1, 0xFFF2
 _NOT_DEFINED = (_SHN_UNDEF, _SHN_ABS, _SHN_COMMON)
 _MAX_NAME_OFFSETS = 256  # names at more places in a string table than this: every entry is read instead
+_SEARCH_BYTES_PER_ENTRY = 1000  # string-table bytes searched that cost about as much as reading one entry
 _EM_386, _EM_ARM, _EM_X86_64, _EM_AARCH64 = 3, 40, 62, 183
 
 
@@ -64,19 +65,21 @@ def function_symbols(elf: ElfFile) -> list[Symbol]:
     return _finish(elf, raw)
 
 
-def function_addresses(elf: ElfFile, names: set[str]) -> dict[str, int]:
+def function_addresses(elf: ElfFile, names: set[str], together: bool = False) -> dict[str, int]:
     """Link-time address of each of `names` that is a defined function in .symtab or .dynsym.
 
     Unlike function_symbols(), aliases are kept: every name that is asked for and present is found. .dynsym is
     searched first and .symtab only for names still missing that .dynsym does not import (a name in both has one
     address; an imported name is defined elsewhere): a library's exported calls are found without reading its
-    full symbol table, which is time a target stays stopped at its library open."""
+    full symbol table, which is time a target stays stopped at its library open. `together`: the names are one
+    library's API, so one of them imported means the rest are not here either (a CUDA library that links the
+    runtime dynamically holds no static copy of it)."""
     out: dict[str, int] = {}
     imported: set[str] = set()
     tables = sorted((s for s in elf.sections if s.type in (SHT_SYMTAB, SHT_DYNSYM)), key=lambda s: s.type != SHT_DYNSYM)
     for sec in tables:
         wanted = names - out.keys() - imported
-        if not wanted:
+        if not wanted or (together and imported):
             break
         try:
             for name, info, shndx, value in _named_entries(elf, sec, wanted):
@@ -122,6 +125,8 @@ def _entries_named(data: bytes, entsize: int, strtab: bytes, names: set[str], or
     `names` in `strtab`, at its own string or at the tail of a longer one (linkers merge string tails). Byte
     searches instead of unpacking every entry (libtorch_cuda has 200k symbols, read while its opener is stopped);
     None when the names lie at too many places for that to pay (each place is a search of the whole table)."""
+    if len(names) * len(strtab) > _SEARCH_BYTES_PER_ENTRY * (len(data) // entsize):
+        return None  # reading every entry costs less
     offsets: set[int] = set()
     for name in names:
         if not name:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from aiflame.agent.kernel.sampler import CpuSampler, ProcEvent, SamplerConfig
 from aiflame.core.errors import HostError
 from aiflame.core.raw import RawSample
 from tests.conftest import REPO
+from tests.hostile import state
 
 
 def test_ring_buffer_wraps_without_losing_a_decodable_record() -> None:
@@ -130,3 +132,51 @@ def test_full_maps_are_counted_not_raised() -> None:
         assert sampler.counters()["py_procs_full"] == 1
     finally:
         sampler.close()
+
+
+FIFO_OPENER = """
+import os, sys
+sys.stdin.readline()
+print("opening", flush=True)
+fd = os.open(sys.argv[1], os.O_RDONLY)  # a FIFO: blocks in openat until a writer comes
+print("opened", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_an_open_returning_after_stop_stopping_does_not_stop_its_target(tmp_path: Path) -> None:
+    """A library open that entered while the probes could stop targets and returns after stop_stopping() (the
+    capture's end) stops nothing: the exit's program is detached too. With it attached the target would stop
+    there, its record after the last drain, until the watchdog's deadline."""
+    fifo = tmp_path / "libslow.so"
+    os.mkfifo(fifo)
+    target = subprocess.Popen([sys.executable, "-c", FIFO_OPENER, str(fifo)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    records: list[object] = []
+    sampler = CpuSampler(SamplerConfig(frequency=19, probes=True, event="cpu-clock"), lambda s: None,
+                         lambda e: None, records.append)
+    assert target.stdin is not None and target.stdout is not None
+    try:
+        sampler.start([target.pid])
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        assert target.stdout.readline().strip() == "opening"
+        deadline = time.monotonic() + 10
+        while state(target.pid) != "S" and time.monotonic() < deadline:  # blocked in openat
+            time.sleep(0.01)
+        time.sleep(0.1)
+        sampler.stop_stopping()
+        writer = os.open(fifo, os.O_WRONLY)  # the open returns now
+        assert target.stdout.readline().strip() == "opened"
+        states = []
+        for _ in range(20):
+            states.append(state(target.pid))
+            time.sleep(0.01)
+        sampler.poll()
+        os.close(writer)
+    finally:
+        sampler.close()
+        target.kill()
+        target.wait()
+    assert "T" not in states, states
+    assert not records, records  # no stop was sent for it (one would have held it until the watchdog's deadline)

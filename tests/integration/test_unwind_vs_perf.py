@@ -36,7 +36,7 @@ PY_SETTLE_S = 1.0
 TORCH_CPU_S = "2"  # after `import torch` (~1.5 s of CPU itself)
 # C functions whose inclusive share perf and aiflame must agree on: each construct of unwind_work.c
 C_FUNCS = ("caller_a", "caller_b", "tail_entry", "tail_target", "with_alloca", "realigned_outer", "realigned_inner",
-           "via_plt", "lib_spin", "lib_inner", "on_prof", "in_handler")
+           "via_plt", "lib_spin", "lib_inner", "in_vdso", "on_prof", "in_handler")
 
 
 def _py_id(python: str) -> str:
@@ -109,9 +109,10 @@ def test_c_without_frame_pointers_matches_perf(runs: dict[str, Workload], opt: s
     assert len(handler) >= 30, len(handler)
     through = [s for s in handler if "main" in s[:s.index("in_handler")]]
     assert len(through) >= 0.97 * len(handler), [s for s in handler if s not in through][:5]
-    # The library called through the PLT (no frame pointers there either) unwinds back into the program.
+    # The library called through the PLT (no frame pointers there either) unwinds back into the program, from the
+    # start: the loader's stop (agent/runtimes/manager.py Loader) describes it before its first instruction runs.
     lib = [s for s in ours if "lib_inner" in s]
-    assert lib and share(lib, lambda s: "via_plt" in s and "main" in s) >= 0.99
+    assert len(lib) >= 20 and share(lib, lambda s: "via_plt" in s and "main" in s) >= 0.99
 
 
 @pytest.mark.parametrize("python", INTERPRETERS, ids=_py_id)

@@ -7,6 +7,8 @@
  *     array, as libtorch's AVX-512 kernels): their CFA is *(rbp - N) and rbp's saved value is at [rbp], both
  *     as CFI expressions, so a walk that does not restore rbp from there loops in realigned_outer;
  *   - lib_spin, called through the PLT in libunwind_lib.so (built without frame pointers too);
+ *   - in_vdso, calling clock_gettime(CLOCK_MONOTONIC) in a loop: most of its samples are in the vDSO, which has
+ *     CFI but no file;
  *   - a SIGPROF handler that burns CPU itself, so samples land inside it and the walk must go through
  *     __restore_rt back to the interrupted code. It is armed after 0.25 s: libc (where __restore_rt is) is
  *     the last library the loader maps, and the agent describes it to the unwinder only at its next poll
@@ -83,6 +85,17 @@ NOIPA unsigned long via_plt(unsigned long n) {
     return r;
 }
 
+NOIPA unsigned long in_vdso(unsigned long n) {
+    struct timespec t;
+    unsigned long x = 0;
+    for (unsigned long i = 0; i < n; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        x += (unsigned long)t.tv_nsec;
+    }
+    sink += x;
+    return x;
+}
+
 NOIPA static void in_handler(unsigned long n) {
     sink += hidden_leaf(n);
 }
@@ -128,6 +141,7 @@ int main(int argc, char **argv) {
         with_alloca(chunk);
         realigned_outer(chunk, 8 + (order & 7));
         via_plt(chunk);
+        in_vdso(chunk / 8);
     }
     return 0;
 }

@@ -465,3 +465,22 @@ def test_find_debug_file_by_debuglink(tmp_path: Path, built: Built) -> None:
     assert find_debug_file(str(built.prog_linked), None, (link[0], link[1] ^ 1), []) is None
     # A debuglink is a plain name, never a path.
     assert find_debug_file(str(built.prog_linked), None, ("../prog_linked.debug", link[1]), []) is None
+
+
+def test_names_a_library_imports_are_not_looked_for_in_its_symtab(tmp_path: Path) -> None:
+    """With `together` (one library's API), a name .dynsym imports means the API is linked dynamically: a static
+    function of the same family in .symtab is not taken for it."""
+    # Oracle: readelf -s on the library built here (api_call imported, api_other a static function)
+    (tmp_path / "api.c").write_text("void api_call(void) {}\nvoid api_other(void) {}\n")
+    (tmp_path / "user.c").write_text(
+        "void api_call(void);\n"
+        "__attribute__((noinline)) static void api_other(void) { __asm__ volatile(\"\"); }\n"
+        "void user(void) { api_call(); api_other(); }\n")
+    run("gcc", "-shared", "-fPIC", "-o", tmp_path / "libapi.so", tmp_path / "api.c")
+    run("gcc", "-shared", "-fPIC", "-O1", "-o", tmp_path / "libuser.so", tmp_path / "user.c", "-L", tmp_path, "-lapi")
+    user = tmp_path / "libuser.so"
+    assert "api_other" in readelf_functions(user) and "api_call" not in readelf_functions(user)
+    assert "api_call" in run("readelf", "-W", "--dyn-syms", user)  # as UND
+    with ElfFile.open(user) as e:
+        assert e.function_addresses({"api_call", "api_other"}) == {"api_other": readelf_functions(user)["api_other"][0]}
+        assert e.function_addresses({"api_call", "api_other"}, together=True) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_a_stopped_target_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> No
         raise Unreadable("no interpreter (starting up or finalizing)")
 
     monkeypatch.setattr(detect, "_check_live", failing_check)
-    monkeypatch.setattr(detect.time, "sleep", sleeps.append)
+    monkeypatch.setattr(time, "sleep", sleeps.append)
     for stopped, tries in ((True, 1), (False, detect._CHECK_TRIES)):
         checks.clear()
         sleeps.clear()

@@ -23,11 +23,13 @@ from aiflame.agent.kernel.unwind import (
     PAGE_SHIFT,
     ROWS_EVICTED,
     STOP_EVICTED,
+    VDSO,
     UnwindMap,
     UnwindProc,
     UnwindTables,
     page_index,
 )
+from aiflame.agent.kernel.vdso import own_vdso, vdso_file
 from aiflame.core.errors import Unreadable
 from aiflame.core.raw import Mapping
 from aiflame.symbolize.objfmt.cfi import (
@@ -74,8 +76,15 @@ def table(rules: tuple[Rule, ...], n: int, first_pc: int = 0x1000) -> UnwindTabl
 
 
 class _Tables(UnwindTables):
+    vdso: tuple[str, int] | None = None  # the vDSO's stand-in file, and its size
+
     def _file_of(self, pid: int, m: Mapping) -> str:
+        if m.path == VDSO:
+            return super()._file_of(pid, m)
         return m.path  # the file itself, not /proc/PID/map_files (no such process here)
+
+    def _vdso(self) -> tuple[str, int] | None:
+        return self.vdso
 
 
 @dataclass
@@ -403,3 +412,21 @@ def test_rows_renumbered_in_c_and_python_alike(files: Callable[[str], str]) -> N
     rules = {pc: rule for pc, rule in p.rows(ma.first_row, ma.nrows) + p.rows(mb.first_row, mb.nrows)}
     # R2 is one global rule in both files; a's row 1 and b's row 1 hold it
     assert rules[0x1010] == rules[0x2010] != rules[0x1000]
+
+
+def test_the_vdso_gets_a_table_from_our_own_copy(tmp_path: Path) -> None:
+    """A target's [vdso] is described with the table of the agent's own vDSO image when the sizes agree (the
+    same kernel maps the same image); of another size (a 32-bit process) it stays undescribed, with no error."""
+    found = vdso_file(str(tmp_path / "cache"))
+    assert found is not None, "this kernel maps a vDSO into every process"
+    path, size = found
+    assert Path(path).read_bytes() == own_vdso() and oct(os.stat(Path(path).parent).st_mode & 0o777) == "0o700"
+    assert vdso_file(str(tmp_path / "cache")) == found  # written once, by its content's name
+    p = make_pool(100, {Path(path).name: table((R1, R2), 7)})
+    assert isinstance(p.tables, _Tables)
+    p.tables.vdso = found
+    p.tables.add_process(1, [Mapping(0x7FFF_0000, 0x7FFF_0000 + size, 0, VDSO, perms="r-xp")])
+    p.tables.add_process(2, [Mapping(0x7FFF_0000, 0x7FFF_0000 + 2 * size, 0, VDSO, perms="r-xp")])
+    (m,) = p.proc(1)
+    assert (m.start, m.bias, m.nrows) == (0x7FFF_0000, 0x7FFF_0000, 7)  # the image's addresses start at 0
+    assert p.proc(2) == [] and not p.tables.stats.errors
