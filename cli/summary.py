@@ -89,6 +89,9 @@ def print_summary(console: Console, prof: Profile, top: int = 10, agent_cpu_s: f
     if c.get("calls") or c.get("call_lost"):
         console.print(f"runtime calls probed {c.get('calls', 0)}  lost {c.get('call_lost', 0)}  "
                       f"returns lost {c.get('returns_lost', 0)}")
+    if c.get("stops"):  # what the probes cost the targets in time
+        console.print(f"targets held stopped {c['stops']} times, {c.get('stopped_ms', 0)} ms in all (library opens, "
+                      f"the loader, exit)")
     if c.get("call_skipped"):  # launches over the per-CPU record budget: counted, their stacks sampled
         console.print(f"launches: {c.get('calls_counted', 0)} counted, {c['call_skipped']} of them without a "
                       f"stack of their own (over the record budget; each record kept stands for the launches of its "

@@ -61,10 +61,12 @@ class RingBuffer:
         """Let `fd` becoming readable end a poll too (e.g. the caller's own wakeup pipe); the caller reads it."""
         self._epoll.register(fd, select.EPOLLIN)
 
-    def wait(self, timeout_ms: int) -> None:
+    def wait(self, timeout_s: float) -> None:
         """Wait until the kernel signals new records (producers that ask for a wakeup), a watched fd is
-        readable or `timeout_ms` passes; consuming is the caller's."""
-        self._epoll.poll(max(timeout_ms, 0) / 1000)
+        readable or `timeout_s` passes; consuming is the caller's. The wait is rounded up to the next millisecond:
+        rounded down, a caller waiting out a deadline spun with zero timeouts through its last millisecond
+        (~16 waits a tick, 160 a second)."""
+        self._epoll.poll(max(timeout_s, 0.0))
 
     def close(self) -> None:
         self._epoll.close()

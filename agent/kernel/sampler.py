@@ -394,7 +394,7 @@ class CpuSampler:
         readable or `timeout_s` passes, then drain. Samples and calls never wake us: they wait for the caller's
         timer."""
         if self._ring is not None:
-            self._ring.wait(int(timeout_s * 1000))
+            self._ring.wait(timeout_s)
             self.poll()
 
     def watch(self, fd: int) -> None:

@@ -71,6 +71,27 @@ def test_a_watched_fd_ends_a_wait() -> None:
     assert idle >= 0.25, idle  # nothing readable: the whole timeout
     assert woken < 5, woken
 
+def test_waiting_out_a_deadline_does_not_spin() -> None:
+    """The session waits in a loop until its next tick: each wait must sleep until then, the last millisecond
+    included (rounded down to whole milliseconds, that millisecond was ~80 waits with no timeout, every tick)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sampler = CpuSampler(SamplerConfig(frequency=19, event="cpu-clock"), lambda s: None, lambda e: None,
+                         lambda r: None)
+    try:
+        sampler.start([sleeper.pid])
+        waits = 0
+        for _ in range(5):  # five ticks of 0.1 s, as agent/session.py waits them out
+            tick = time.monotonic() + 0.1
+            while (left := tick - time.monotonic()) > 0:
+                sampler.wait(left)
+                waits += 1
+    finally:
+        sampler.close()
+        sleeper.kill()
+        sleeper.wait()
+    assert waits <= 25, waits
+
+
 def test_maps_round_trip() -> None:
     sampler = CpuSampler(SamplerConfig(probes=True), lambda s: None, lambda e: None, lambda r: None)
     try:

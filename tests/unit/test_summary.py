@@ -48,3 +48,13 @@ def test_unwind_line_says_tables_evicted_again_and_brought_back() -> None:
     assert "evicted 10" in line  # the walks that stopped at an evicted table
     prof.counters.update({"unwind_tables_evicted_again": 0, "unwind_tables_reloaded": 0})
     assert "again" not in unwind_line(prof) and "back when" not in unwind_line(prof)
+
+
+def test_the_summary_says_how_long_targets_were_held() -> None:
+    prof = Profile(counters={"stops": 172, "stopped_ms": 1637})
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=300), prof)
+    assert "targets held stopped 172 times, 1637 ms in all" in buf.getvalue()
+    buf = io.StringIO()
+    print_summary(Console(file=buf, width=300), Profile(counters={}))
+    assert "held stopped" not in buf.getvalue()  # no probes, no stops: no line
