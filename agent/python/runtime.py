@@ -69,8 +69,8 @@ class PythonPlugin:
 
     def attach(self, pid: int, exec_seq: int, force: bool = False) -> tuple[PyTarget, PyRuntimeInfo] | None:
         """Detect CPython in `pid`; None when there is none (yet) or it cannot be walked. Rate-limited, except
-        with `force` (the target is held stopped at a library open: a good moment, and it will not come back; one
-        quick try, as a stopped process cannot tear a read)."""
+        with `force` (the target is being stopped at a library open: a good moment, and it will not come back;
+        retried after shorter pauses)."""
         if pid in self.procs or (pid, exec_seq) in self._absent:
             return None
         n, last = self._tries.get((pid, exec_seq), (0, 0.0))
