@@ -127,10 +127,10 @@ class Loader(Runtime):
 
 class ProbeManager:
     """Owns the plug-ins of one capture. Feed it every probe record (`on_record`) and every new mapping
-    (`consider_process`); take its output with `take()`. `on_stop(pid, why)` runs while a target is stopped, before it
-    continues: at a library open ("open"), in the loader once it has mapped what it opened ("loader"), or in
-    exit() ("process"); the session re-reads its mappings there. A target is held at
-    most `stop_deadline_ns` from its stop: a record read later than that continues it first.
+    (`consider_process`); take its output with `take()`. `on_stop(pid, why)` runs while a target is stopped,
+    before it continues: at a library open ("open"), in the loader once it has mapped what it opened ("loader"),
+    or in exit() ("process"); the session re-reads its mappings there. A target is held at most
+    `stop_deadline_ns` from its stop: a record read later than that continues it first.
 
     Work done for one target (libraries it maps, code objects its calls name) is charged to that target's
     core/limits.py Allowance, so one process cannot make us inflate or copy more than its share."""
@@ -163,7 +163,7 @@ class ProbeManager:
         self.calls_unsent = 0  # of those, counted in BPF and left when the capture ended (events without a stack)
         self.returns_lost = 0
         self.stops_late = 0  # stop records read after the deadline (the target was continued first)
-        self.stops = 0  # targets stopped at a library open or exit, and continued by us
+        self.stops = 0  # targets stopped (a library open, the loader, exit) and continued by us
         self.stopped_ns = 0  # how long they were held, all together (from BPF's stop to our SIGCONT)
         self.libs_seen_full = 0  # library paths BPF could not remember (their next open stops the target again)
 
