@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiflame.agent.kernel.records import ProbeFlag, ProbeSpecRec
-from aiflame.agent.kernel.sampler import CallRecord, RetRecord
+from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, RetRecord
 from aiflame.agent.kernel.uprobes import ProbeSite
 from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
@@ -241,3 +242,23 @@ def test_process_memory_reads_our_own_process() -> None:
     libc = ctypes.CDLL(None)
     where = mem.file_of(os.getpid(), ctypes.cast(libc.getpid, ctypes.c_void_p).value or 0)
     assert where is not None and "libc.so" in where[0] and where[1] > 0
+
+
+def test_each_stop_tells_the_session_why_and_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session re-reads a stopped target's maps: at a library open, in the loader (the Loader plug-in's
+    _dl_debug_state, BPF stopping only after opens: PROBE_IF_OPENED) or in exit(); every stop is continued
+    and counted with the time it was held."""
+    stops: list[tuple[int, str]] = []
+    continued: list[int] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: continued.append(pid))
+    bpf = FakeBpf()
+    m = ProbeManager([], bpf, on_stop=lambda pid, why: stops.append((pid, why)))
+    probe = {spec.call: i for i, (_, spec) in enumerate(m._specs)}
+    assert ProbeFlag(bpf.specs[probe["_dl_debug_state"]].flags) == ProbeFlag.STOP | ProbeFlag.IF_OPENED
+    assert ProbeFlag(bpf.specs[probe["exit"]].flags) == ProbeFlag.STOP
+    now = time.monotonic_ns()
+    m.on_record(OpenRecord(now, 41, 41, b"/nonexistent/libx.so"))
+    m.on_record(CallRecord(probe["_dl_debug_state"], now, 41, 42, (0,) * 8, (), None, (), 0, (), 0))
+    m.on_record(CallRecord(probe["exit"], now, 41, 41, (0,) * 8, (), None, (), 0, (), 0))
+    assert stops == [(41, "open"), (41, "loader"), (41, "process")]
+    assert continued == [41, 41, 41] and m.stops == 3 and m.stopped_ns >= 0
