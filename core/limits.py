@@ -17,6 +17,11 @@ from dataclasses import dataclass
 
 from aiflame.core.errors import Refused
 
+# Kernel launch records with a stack a second per CPU, by default (`profile --launch-stacks`): the agent's CPU stays
+# under 5 % of a core at 10k launches/s from Python (BENCHMARKS.md; 2000 cost 23 %). Launches past it are counted
+# in BPF, per kernel, exactly.
+LAUNCH_STACKS = 300
+
 __all__ = ["AGENT_LIMITS", "Allowance", "Limits", "charge", "charged_to", "current", "use"]
 
 

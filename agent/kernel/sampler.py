@@ -37,6 +37,7 @@ from aiflame.agent.kernel.stop_watchdog import StopWatchdog
 from aiflame.agent.kernel.unwind import UnwindStats, UnwindTables
 from aiflame.agent.kernel.uprobes import ProbeSite, Uprobe, attach_sites
 from aiflame.core.errors import HostError
+from aiflame.core.limits import LAUNCH_STACKS
 from aiflame.core.raw import Mapping, RawSample
 from aiflame.core.unwind import STOP_MASK
 
@@ -80,7 +81,7 @@ class SamplerConfig:
     stop_deadline_ms: int = 800
     # With probes: launch records a second per CPU (a token bucket of 64); launches beyond are counted per kernel
     # in BPF and carried by the next record of the same kernel (bpf/runtime_probes.bpf.c, PROBE_SAMPLE). 0: all.
-    call_rate: int = 2000
+    call_rate: int = LAUNCH_STACKS
     # Where target threads block and for how long (bpf/offcpu.bpf.c at sched_switch): built only when asked.
     off_cpu: bool = False
 

@@ -16,6 +16,7 @@ from aiflame.cli import argtypes
 from aiflame.cli.commands import EXAMPLES, warn
 from aiflame.cli.stack_view import add_view_options, stack_options
 from aiflame.core.errors import BadInput, UsageError
+from aiflame.core.limits import LAUNCH_STACKS
 from aiflame.exporters import REGISTRY
 
 if TYPE_CHECKING:
@@ -80,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rt = p.add_argument_group("accelerator runtimes")
     rt.add_argument("--no-runtimes", action="store_true",
                     help="do not probe CUDA, NCCL, gloo or Level Zero calls (CPU sampling only)")
-    rt.add_argument("--launch-stacks", type=argtypes.int_range(0, 1_000_000), default=2000, metavar="N",
-                    help="kernel launches recorded with their stack per second per CPU (default 2000; 0: all); "
+    rt.add_argument("--launch-stacks", type=argtypes.int_range(0, 1_000_000), default=LAUNCH_STACKS, metavar="N",
+                    help=f"kernel launches recorded with their stack per second per CPU (default {LAUNCH_STACKS}; "
+                         "0: all); "
                          "launches beyond are counted per GPU kernel in BPF and carried by the next record of "
                          "the same kernel, so counts stay exact and nothing is lost")
     gs = p.add_argument_group("accelerator stall samples (NVIDIA CUPTI in targets started with -- CMD; Intel xe)")

@@ -2,7 +2,7 @@
 // tests: `hot` about 70 % of the time through main -> loop -> deep x8 -> launch_hot, `cold` otherwise through
 // launch_cold, in a pseudo-random order. Prints how many of each it launched: {"hot": N, "cold": M}. Without a GPU
 // every launch fails at once (cudaErrorInsufficientDriver) but is made, so the probes see each one.
-//   launch_loop SECONDS RATE
+//   launch_loop SECONDS RATE   (or run_loop() of the -shared build, from Python)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,20 +27,28 @@ __attribute__((noinline)) bool deep(int d, unsigned *rng, float *x) {
     return is_hot;
 }
 
-int main(int argc, char **argv) {
-    double seconds = argc > 1 ? atof(argv[1]) : 2;
-    long rate = argc > 2 ? atol(argv[2]) : 10000;
+// The loop itself, also called from Python through ctypes (bench/launch_rate.py --python: the library build).
+extern "C" int run_loop(double seconds, long rate, long *n_hot, long *n_cold) {
     unsigned rng = 1;
-    long n_hot = 0, n_cold = 0, n = 0;
+    long n = 0;
+    *n_hot = *n_cold = 0;
     auto t0 = std::chrono::steady_clock::now();
     for (;;) {
         double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (el >= seconds) break;
         for (; n < el * rate; n++) {
-            if (deep(8, &rng, nullptr)) n_hot++; else n_cold++;
+            if (deep(8, &rng, nullptr)) (*n_hot)++; else (*n_cold)++;
         }
         std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    double seconds = argc > 1 ? atof(argv[1]) : 2;
+    long rate = argc > 2 ? atol(argv[2]) : 10000;
+    long n_hot = 0, n_cold = 0;
+    run_loop(seconds, rate, &n_hot, &n_cold);
     printf("{\"hot\": %ld, \"cold\": %ld}\n", n_hot, n_cold);
     return 0;
 }
