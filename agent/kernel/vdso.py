@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import os
 
-from aiflame.core.errors import Refused
-from aiflame.core.safe_files import trusted_dir
-from aiflame.symbolize.cache import default_cache_dir
-
-log = logging.getLogger(__name__)
+from aiflame.symbolize.cache import default_cache_dir, read_cached, write_cached
 
 _ELF_MAGIC = b"\x7fELF"
 _MAX_VDSO = 1 << 20  # the x86-64 vDSO is 8 KiB; anything near this is not one
@@ -38,35 +33,14 @@ def own_vdso() -> bytes | None:
 
 def vdso_file(cache_dir: str | None = None) -> tuple[str, int] | None:
     """(a file holding this kernel's vDSO image, the image's size), written into the cache's private `vdso`
-    directory if not there yet; None when there is no vDSO or no private place to write it (logged)."""
+    directory if not there yet (symbolize/cache.py: a directory only we and root can change); None when there is
+    no vDSO, or no such place to keep it."""
     image = own_vdso()
     if image is None:
         return None
-    d = os.path.join(cache_dir or default_cache_dir(), "vdso")
-    name = f"vdso-{hashlib.sha256(image).hexdigest()[:16]}.so"
-    try:
-        fd = trusted_dir(os.path.abspath(d), create=True, mode=0o700)
-    except (Refused, OSError) as e:
-        log.info("vDSO not described to the unwinder: %s: %s", d, e)
-        return None
-    try:
-        try:
-            if os.stat(name, dir_fd=fd).st_size == len(image):
-                return os.path.join(d, name), len(image)  # named by its content, in a directory only we write
-        except FileNotFoundError:
-            pass
-        tmp = f".tmp-{name}-{os.getpid()}"
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
-        try:
-            view = memoryview(image)
-            while view:
-                view = view[os.write(out, view):]
-        finally:
-            os.close(out)
-        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        return os.path.join(d, name), len(image)
-    except OSError as e:
-        log.info("vDSO not described to the unwinder: %s: %s", d, e)
-        return None
-    finally:
-        os.close(fd)
+    path = os.path.join(cache_dir or default_cache_dir(), "vdso", f"vdso-{hashlib.sha256(image).hexdigest()[:16]}.so")
+    if read_cached(path, "vDSO image") != image:
+        write_cached(path, image, "vDSO image")
+        if read_cached(path, "vDSO image") != image:
+            return None
+    return path, len(image)

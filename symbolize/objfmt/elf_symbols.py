@@ -110,8 +110,7 @@ def _named_entries(elf: ElfFile, sec: Section, names: set[str]) -> Iterator[tupl
     data = elf.read_section(sec)
     strtab = _strtab_for(elf, sec)
     picked = _entries_named(data, entsize, strtab, names, elf.layout.sym.format[0])
-    entries = _iter_syms(elf, data, entsize) if picked is None else _picked_syms(elf, data, entsize, picked)
-    for name_off, info, shndx, value, _size in entries:
+    for name_off, info, shndx, value, _size in _iter_syms(elf, data, entsize, picked):
         end = strtab.find(b"\0", name_off)
         if end <= name_off:
             continue
@@ -150,29 +149,21 @@ def _entries_named(data: bytes, entsize: int, strtab: bytes, names: set[str], or
     return sorted(hits)
 
 
-def _picked_syms(elf: ElfFile, data: bytes, entsize: int,
-                 picked: list[int]) -> Iterator[tuple[int, int, int, int, int]]:
-    """_iter_syms for the entries `picked` only."""
-    st = elf.layout.sym
-    for i in picked:
-        if elf.is64:
-            name, info, _other, shndx, value, size = st.unpack_from(data, i * entsize)
-        else:
-            name, value, size, info, _other, shndx = st.unpack_from(data, i * entsize)
-        yield name, info, shndx, value, size
-
-
 def _strtab_for(elf: ElfFile, sec: Section) -> bytes:
     if not 0 < sec.link < len(elf.sections):
         return b""
     return elf.read_section(elf.sections[sec.link])
 
 
-def _iter_syms(elf: ElfFile, data: bytes, entsize: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(st_name, st_info, st_shndx, st_value, st_size) of each entry."""
+def _iter_syms(elf: ElfFile, data: bytes, entsize: int,
+               picked: list[int] | None = None) -> Iterator[tuple[int, int, int, int, int]]:
+    """(st_name, st_info, st_shndx, st_value, st_size) of each entry, or of the entries `picked` (indexes)."""
     st = elf.layout.sym
     count = len(data) // entsize
-    if entsize == st.size:
+    it: Iterator[tuple[int, ...]]
+    if picked is not None:
+        it = (st.unpack_from(data, i * entsize) for i in picked)
+    elif entsize == st.size:
         it = st.iter_unpack(memoryview(data)[: count * entsize])
     else:
         it = (st.unpack_from(data, i * entsize) for i in range(count))
@@ -192,10 +183,7 @@ def _read_function_symbols(elf: ElfFile, sec: Section) -> Iterator[tuple[int, in
     strtab = _strtab_for(elf, sec)
     thumb = elf.machine == _EM_ARM
     for name_off, info, shndx, value, size in _iter_syms(elf, data, entsize):
-        kind = info & 0xF
-        if (kind != _STT_FUNC and kind != _STT_GNU_IFUNC) or not value:
-            continue
-        if shndx == _SHN_UNDEF or shndx == _SHN_ABS or shndx == _SHN_COMMON:
+        if not _is_function(info, shndx, value):
             continue
         end = strtab.find(b"\0", name_off)
         if end <= name_off:

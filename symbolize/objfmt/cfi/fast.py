@@ -174,7 +174,7 @@ def renumber_rules(rows: bytearray, rules: array[int]) -> bool | None:
     if lib is None:
         return None
     buf = (ctypes.c_char * len(rows)).from_buffer(rows)
-    table = (ctypes.c_uint16 * max(1, len(rules))).from_buffer(rules) if rules else None
+    table = (ctypes.c_uint16 * len(rules)).from_buffer(rules) if rules else None
     return bool(lib.cfi_renumber(buf, len(rows) // ROW.size, table, len(rules)) == 0)
 
 
