@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
@@ -150,27 +151,96 @@ def copy_refused(size: int, what: str) -> str:
     return ""
 
 
+def _file_at(maps: list[tuple[int, int, str, int, str, int, str]], addr: int) -> tuple[str, int] | None:
+    for start, end, _perms, off, _dev, _inode, path in maps:
+        if start <= addr < end:
+            return (path, addr - start + off) if path.startswith("/") and not path.endswith(" (deleted)") else None
+    return None
+
+
 class TargetMemory:
     """What runtime plug-ins read a target's memory through (what BPF could not read: pages not yet resident,
     long strings): any process, by pid, and None where a read fails, so a plug-in records what it could not
-    read. Reads go through symbolize's ProcessMemory; tests stand in for a target by overriding `read`."""
+    read. Reads go through symbolize's ProcessMemory; tests stand in for a target by overriding `read`.
+
+    A torch import registers ~500 fatbins and ~24,000 kernels, most with names longer than a probe's string:
+    the `/proc/PID/mem` readers of the last KEEP processes stay open, and their maps are kept for `file_of`
+    until `forget_maps` (the manager calls it at every stop of the process: an open, the loader, exit)."""
+
+    KEEP = 16
+
+    def __init__(self) -> None:
+        self._readers: OrderedDict[int, ProcessMemory] = OrderedDict()
+        self._maps: OrderedDict[int, list[tuple[int, int, str, int, str, int, str]]] = OrderedDict()
 
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
         if size <= 0:
             return None
-        try:
-            with ProcessMemory(pid) as mem:
+        for fresh in (False, True):
+            mem = self._reader(pid, fresh)
+            if mem is None:
+                return None
+            try:
                 return mem.read(addr, size)
+            except TargetGone:
+                if fresh:
+                    return None
+                # A kept reader may be of the image before an exec, or of an earlier process by that pid:
+                # its read fails, and a new reader decides.
+                self._drop_reader(pid)
+        return None
+
+    def _reader(self, pid: int, fresh: bool) -> ProcessMemory | None:
+        mem = None if fresh else self._readers.get(pid)
+        if mem is not None:
+            self._readers.move_to_end(pid)
+            return mem
+        try:
+            mem = ProcessMemory(pid)
         except TargetGone:
             return None
+        self._readers[pid] = mem
+        while len(self._readers) > self.KEEP:
+            self._readers.popitem(last=False)[1].close()
+        return mem
+
+    def _drop_reader(self, pid: int) -> None:
+        mem = self._readers.pop(pid, None)
+        if mem is not None:
+            mem.close()
 
     def file_of(self, pid: int, addr: int) -> tuple[str, int] | None:
         """The file and file offset mapped at `addr` in `pid` (any permissions); None for anonymous memory and for
-        a file deleted since it was mapped (its path names another file, or none: read the memory instead)."""
-        for start, end, _perms, off, _dev, _inode, path in read_maps(pid) or []:
-            if start <= addr < end:
-                return (path, addr - start + off) if path.startswith("/") and not path.endswith(" (deleted)") else None
-        return None
+        a file deleted since it was mapped (its path names another file, or none: read the memory instead).
+        A file mapping in the kept maps answers; anything else reads them again."""
+        kept = self._maps.get(pid)
+        if kept is not None:
+            hit = _file_at(kept, addr)
+            if hit is not None:
+                return hit
+        maps = read_maps(pid)
+        if maps is None:
+            self._maps.pop(pid, None)
+            return None
+        self._maps[pid] = maps
+        self._maps.move_to_end(pid)
+        while len(self._maps) > self.KEEP:
+            self._maps.popitem(last=False)
+        return _file_at(maps, addr)
+
+    def forget_maps(self, pid: int) -> None:
+        """`pid` may have mapped or unmapped something: its kept maps go."""
+        self._maps.pop(pid, None)
+
+    def forget(self, pid: int) -> None:
+        """`pid` exited: its reader and maps go."""
+        self._maps.pop(pid, None)
+        self._drop_reader(pid)
+
+    def close(self) -> None:
+        for pid in list(self._readers):
+            self._drop_reader(pid)
+        self._maps.clear()
 
     def read_u64(self, pid: int, addr: int) -> int | None:
         data = self.read(pid, addr, 8)

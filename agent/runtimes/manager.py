@@ -343,10 +343,12 @@ class ProbeManager:
     def on_record(self, rec: ProbeRecord) -> None:
         if isinstance(rec, OpenRecord):
             self._stopped[rec.pid] = rec.time_ns
+            self.mem.forget_maps(rec.pid)
             self._on_open(rec)
         elif isinstance(rec, CallRecord):
             if rec.probe < len(self._specs) and self._specs[rec.probe][1].stop:
                 self._stopped[rec.pid] = rec.time_ns
+                self.mem.forget_maps(rec.pid)
                 try:
                     with charged_to(self.allowance(rec.pid)):
                         self._hold_no_longer(rec.pid)
@@ -424,6 +426,7 @@ class ProbeManager:
         for rt in self.runtimes:
             rt.forget(pid)
         self._allowances.pop(pid, None)
+        self.mem.forget(pid)
 
     def drop_open_calls(self, pid: int) -> None:
         """The process exited: its calls that never returned are dropped (they are kept by thread id)."""
@@ -448,6 +451,7 @@ class ProbeManager:
             self.take_unsent(end_ns)
         for pid in list(self._stopped):
             self._continue(pid)
+        self.mem.close()
 
     def take_unsent(self, end_ns: int) -> None:
         """Launches BPF counted without a record (over the record budget) and no later record carried: one event

@@ -53,6 +53,7 @@ class FakeMemory(TargetMemory):
     """A process whose memory holds `words` (address -> u64)."""
 
     def __init__(self, words: dict[int, int]) -> None:
+        super().__init__()
         self.words = words
 
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
@@ -274,6 +275,7 @@ def test_wants_libtorch_cpu_only() -> None:
 
 class RandomMemory(TargetMemory):
     def __init__(self, data: bytes | None) -> None:
+        super().__init__()
         self.data = data
 
     def read(self, pid: int, addr: int, size: int) -> bytes | None:

@@ -29,6 +29,7 @@ class FakeMemory(TargetMemory):
     """Memory of a target: {address: bytes}; everything else is unreadable."""
 
     def __init__(self, regions: dict[int, bytes] | None = None) -> None:
+        super().__init__()
         self.regions = regions or {}
         self.reads = 0
 

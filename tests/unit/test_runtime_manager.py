@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +19,8 @@ from hypothesis import strategies as st
 from aiflame.agent.kernel.records import ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, RetRecord
 from aiflame.agent.kernel.uprobes import ProbeSite
+from aiflame.agent.procmaps import read_maps
+from aiflame.agent.runtimes import base as runtimes_base
 from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
 from aiflame.agent.runtimes.manager import ProbeManager, fnv1a, spec_rec
@@ -252,7 +258,8 @@ def test_each_stop_tells_the_session_why_and_is_counted(monkeypatch: pytest.Monk
     continued: list[int] = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: continued.append(pid))
     bpf = FakeBpf()
-    m = ProbeManager([], bpf, on_stop=lambda pid, why: stops.append((pid, why)))
+    mem = CountingMemory()
+    m = ProbeManager([], bpf, mem, on_stop=lambda pid, why: stops.append((pid, why)))
     probe = {spec.call: i for i, (_, spec) in enumerate(m._specs)}
     assert ProbeFlag(bpf.specs[probe["_dl_debug_state"]].flags) == ProbeFlag.STOP | ProbeFlag.IF_OPENED
     assert ProbeFlag(bpf.specs[probe["exit"]].flags) == ProbeFlag.STOP
@@ -262,3 +269,111 @@ def test_each_stop_tells_the_session_why_and_is_counted(monkeypatch: pytest.Monk
     m.on_record(CallRecord(probe["exit"], now, 41, 41, (0,) * 8, (), None, (), 0, (), 0))
     assert stops == [(41, "open"), (41, "loader"), (41, "process")]
     assert continued == [41, 41, 41] and m.stops == 3 and m.stopped_ns >= 0
+    assert mem.forgotten == [(41, "maps")] * 3  # a stop may follow a mapping: the maps kept for file_of go
+    m.forget(41)
+    assert mem.forgotten[-1] == (41, "all")
+
+
+class CountingMemory(TargetMemory):
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgotten: list[tuple[int, str]] = []
+
+    def forget_maps(self, pid: int) -> None:
+        self.forgotten.append((pid, "maps"))
+
+    def forget(self, pid: int) -> None:
+        self.forgotten.append((pid, "all"))
+
+
+
+_EXEC_CHILD = r"""
+import ctypes, os, sys
+buf = ctypes.create_string_buffer(sys.argv[1].encode())
+print(ctypes.addressof(buf), flush=True)
+sys.stdin.readline()
+if sys.argv[1] == "before-exec":
+    os.execv(sys.executable, [sys.executable, __file__, "after-exec"])
+"""
+
+
+def test_a_kept_reader_follows_its_process_through_exec(tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(_EXEC_CHILD)
+    p = subprocess.Popen([sys.executable, str(script), "before-exec"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        mem = TargetMemory()
+        first = int(p.stdout.readline())
+        assert mem.read_cstr(p.pid, first) == "before-exec"
+        reader = mem._readers[p.pid]
+        assert mem.read_cstr(p.pid, first) == "before-exec" and mem._readers[p.pid] is reader  # kept
+        p.stdin.write("\n")
+        p.stdin.flush()
+        second = int(p.stdout.readline())  # the same pid, a new image
+        assert mem.read_cstr(p.pid, second) == "after-exec"
+        assert mem._readers[p.pid] is not reader
+        mem.forget(p.pid)
+        assert p.pid not in mem._readers
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_readers_kept_are_bounded_and_closed() -> None:
+    buf = ctypes.create_string_buffer(b"x" * 8)
+    mem = TargetMemory()
+    mem.KEEP = 2
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        for p in sleepers:
+            mem.read(p.pid, 0x1000, 8)  # unmapped: None, but the reader stays
+        assert list(mem._readers) == [p.pid for p in sleepers[1:]]
+        assert mem.read(os.getpid(), ctypes.addressof(buf), 8) == b"x" * 8
+        assert len(mem._readers) == 2
+        fds = [r._fd for r in mem._readers.values()]
+        mem.close()
+        assert not mem._readers
+        for fd in fds:
+            with pytest.raises(OSError):
+                os.fstat(fd)  # type: ignore[arg-type]
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+
+def test_file_of_keeps_maps_until_told_and_reads_again_on_a_miss(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    reads: list[int] = []
+
+    def counted(pid: int) -> list[tuple[int, int, str, int, str, int, str]] | None:
+        reads.append(pid)
+        return read_maps(pid)
+
+    monkeypatch.setattr(runtimes_base, "read_maps", counted)
+    mem = TargetMemory()
+    pid = os.getpid()
+    libc_fn = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value
+    assert libc_fn
+    path, off = mem.file_of(pid, libc_fn) or ("", 0)
+    assert os.path.basename(path).startswith("libc") and off > 0
+    assert mem.file_of(pid, libc_fn) == (path, off) and len(reads) == 1  # from the kept maps
+    data = tmp_path / "mapped.bin"
+    data.write_bytes(b"\0" * 8192)
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 8192, prot=mmap.PROT_READ):
+        start = _mapping_start(pid, str(data))
+        assert mem.file_of(pid, start + 4100) == (str(data), 4100)  # mapped since: a miss reads them again
+        assert len(reads) == 2
+        heap = ctypes.addressof(ctypes.create_string_buffer(64))  # anonymous memory
+        assert mem.file_of(pid, heap) is None and len(reads) == 3  # not a file in the kept maps: read again
+    mem.forget_maps(pid)
+    assert mem.file_of(pid, libc_fn) == (path, off) and len(reads) == 4
+
+
+def _mapping_start(pid: int, path: str) -> int:
+    for line in open(f"/proc/{pid}/maps"):
+        if line.rstrip().endswith(path):
+            return int(line.split("-")[0], 16)
+    raise AssertionError(f"{path} not mapped")

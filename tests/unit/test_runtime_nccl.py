@@ -23,6 +23,7 @@ class FakeMemory(TargetMemory):
     """Memory of a target: {address: bytes}; everything else is unreadable."""
 
     def __init__(self, regions: dict[int, bytes] | None = None) -> None:
+        super().__init__()
         self.regions = regions or {}
 
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
