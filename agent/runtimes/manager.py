@@ -16,13 +16,13 @@ from typing import ClassVar, Protocol
 
 from aiflame.agent.kernel.records import MAX_PROBES, PROBE_ARGS, PROBE_DEREFS, ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, ProbeRecord, RetRecord
-from aiflame.agent.kernel.uprobes import ProbeSite
+from aiflame.agent.kernel.uprobes import ENDBR64, ProbeSite, entry_offset
 from aiflame.agent.runtimes.base import Call, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.usdt import usdt_spec
 from aiflame.core.errors import Unreadable
 from aiflame.core.limits import Allowance, charged_to
 from aiflame.core.raw import GpuCode, RawEvent
-from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.elf import EM_X86_64, ElfFile
 from aiflame.symbolize.objfmt.usdt import read_notes
 
 MAX_PENDING_PER_THREAD = 64  # open calls per thread kept for pairing (deeper nesting is a lost return)
@@ -250,7 +250,7 @@ class ProbeManager:
                 continue
             offset = elf.vaddr_to_file_offset(addrs[sym])
             if offset is not None:
-                placing.append((ProbeSite(offset, probe), rt, spec))
+                placing.append((ProbeSite(offset + self._entry_offset(elf, offset), probe), rt, spec))
         failed = self._attach(elf, path, [site for site, _, _ in placing])
         failed |= self._attach(elf, path, [site for site, _, spec in placing if spec.ret and site.cookie not in failed],
                                ret=True)
@@ -259,6 +259,16 @@ class ProbeManager:
             if site.cookie not in failed:
                 done = self._placed(done, path, rt, spec.call)
         return done
+
+    @staticmethod
+    def _entry_offset(elf: ElfFile, offset: int) -> int:
+        """How far past a function's first byte its probe goes (uprobes.entry_offset; x86-64 only)."""
+        if elf.machine != EM_X86_64:
+            return 0
+        try:
+            return entry_offset(elf.pread(offset, len(ENDBR64)))
+        except Unreadable:
+            return 0
 
     def _attach(self, elf: ElfFile, path: str, sites: list[ProbeSite], *, ret: bool = False) -> dict[int, str]:
         """Attach `sites` in one go; returns (and warns about) the probes that did not go in, by probe id.

@@ -32,13 +32,12 @@ from aiflame.symbolize.annotate.result import (
 from aiflame.symbolize.objfmt.debugfiles import find_debug_file
 from aiflame.symbolize.objfmt.demangle import demangle, short_name
 from aiflame.symbolize.objfmt.dwarf_lines import LineTable
-from aiflame.symbolize.objfmt.elf import ElfFile
+from aiflame.symbolize.objfmt.elf import EM_X86_64, ElfFile
 from aiflame.symbolize.objfmt.elf_format import Section
 from aiflame.symbolize.objfmt.elf_symbols import Symbol
 
 __all__ = ["Module", "annotate_native", "leaf_samples"]
 
-EM_X86_64 = 62
 _SHF_EXECINSTR = 0x4
 _SHT_NOBITS = 8
 _MAX_CODE = 1 << 20  # bytes disassembled at most (a function, or an explicit range)

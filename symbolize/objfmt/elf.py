@@ -37,6 +37,7 @@ from aiflame.symbolize.objfmt.inflate import inflate_zlib
 
 __all__ = ["ElfFile", "read_build_id"]
 
+EM_X86_64 = 62  # e_machine
 _ELFCOMPRESS_ZLIB = 1
 
 
@@ -237,7 +238,7 @@ class ElfFile:
             return b""
         if sec.offset + sec.size > self._size:
             raise Unreadable(f"{self._label}: section {sec.name or '?'} lies outside the file")
-        return self._pread(sec.offset + offset, min(size, sec.size - offset))
+        return self.pread(sec.offset + offset, min(size, sec.size - offset))
 
     def dwarf_section(self, short: str) -> Section | None:
         """The `.debug_<short>` (or `.zdebug_<short>`) section when it holds data."""
@@ -251,13 +252,14 @@ class ElfFile:
         note = self._h.layout.note
         try:
             return (build_id_in(((s.offset, s.size, s.addralign) for s in self.sections if s.type == SHT_NOTE),
-                                self._pread, note, self._size)
+                                self.pread, note, self._size)
                     or build_id_in(((s.offset, s.filesz, s.align) for s in self.segments if s.type == PT_NOTE),
-                                   self._pread, note, self._size))
+                                   self.pread, note, self._size))
         except Unreadable:
             return None
 
-    def _pread(self, off: int, n: int) -> bytes:
+    def pread(self, off: int, n: int) -> bytes:
+        """Up to `n` bytes of the file at `off` (fewer at its end)."""
         if self._fd is None:
             raise Unreadable(f"{self._label}: file is closed")
         try:

@@ -7,16 +7,22 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from aiflame.core.capture import read_capture
 from tests.conftest import PROGRAMS
 from tests.integration.conftest import aiflame, read_folded
 
 
-def test_samples_inside_a_return_probed_call_keep_their_callers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cet", ["none", "full"])
+def test_samples_inside_a_return_probed_call_keep_their_callers(tmp_path: Path, cet: str) -> None:
+    """With -fcf-protection=full the library's functions start with endbr64, and the probes go in 4 bytes past
+    it (agent/kernel/uprobes.py entry_offset): the call, its return and its callers are the same."""
     # Oracle: the program's own structure (main calls the probed function, which spins)
     lib_dir = tmp_path / "lib"
     lib_dir.mkdir()
-    subprocess.run(["gcc", "-O1", "-g", "-fomit-frame-pointer", "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2",
+    subprocess.run(["gcc", "-O1", "-g", "-fomit-frame-pointer", f"-fcf-protection={cet}", "-shared", "-fPIC",
+                    "-Wl,-soname,libnccl.so.2",
                     "-o", str(lib_dir / "libnccl.so.2"), str(PROGRAMS / "uret_lib.c")], check=True)
     exe = tmp_path / "uret_main"
     subprocess.run(["gcc", "-O1", "-g", "-fomit-frame-pointer", "-o", str(exe), str(PROGRAMS / "uret_main.c"),
@@ -26,6 +32,7 @@ def test_samples_inside_a_return_probed_call_keep_their_callers(tmp_path: Path) 
     cap = read_capture(out / "profile.aiflame")
     calls = [e for e in cap.events if e.runtime == "nccl" and e.call == "ncclAllReduce"]
     assert len(calls) == 1 and calls[0].end_ns, calls  # probed at entry and return
+    assert (calls[0].args["dtype"], calls[0].args["bytes"], calls[0].args["ret"]) == (7, 1500 * 4, 0)  # as passed
     inside = {stack: n for stack, n in read_folded(out / "profile.folded").items() if "ncclAllReduce" in stack}
     total = sum(inside.values())
     assert total > 300, inside
