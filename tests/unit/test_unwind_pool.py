@@ -21,6 +21,8 @@ from aiflame.agent.kernel.bpf_object import BpfMap, BpfObject
 from aiflame.agent.kernel.unwind import (
     MAX_PAGE_ROWS,
     PAGE_SHIFT,
+    REWANT_NS,
+    REWANT_WINDOW_NS,
     ROWS_EVICTED,
     STOP_EVICTED,
     VDSO,
@@ -121,7 +123,9 @@ def make_pool(capacity: int, tables: dict[str, UnwindTable | Exception], index_e
 
     pool = bytearray(capacity * 8)
     obj = BpfObject(progs={}, maps=dict[str, BpfMap](maps))
-    return Pool(_Tables(obj, table_for, pool=pool, index_pool=bytearray(4 * index_entries)), maps, pool, built)
+    uw = _Tables(obj, table_for, pool=pool, index_pool=bytearray(4 * index_entries))
+    uw.rewant_ns = 0  # the first stop at an evicted table brings it back (test_an_evicted_table_comes_back_...)
+    return Pool(uw, maps, pool, built)
 
 
 @pytest.fixture
@@ -204,6 +208,30 @@ def test_eviction_unused_first_then_least_recent(files: Callable[[str], str]) ->
     assert p.tables.catch_up() == 1 and p.tables.stats.evicted_again == 1
     assert p.proc(1)[0].first_row == ROWS_EVICTED and p.proc(5)[0].nrows == 4
     assert p.built == ["a", "b", "c", "d", "a", "c", "d"]
+
+
+def test_an_evicted_table_comes_back_only_when_walks_keep_stopping_at_it(files: Callable[[str], str]) -> None:
+    """Found on the CPU proxy with cuDNN mapped: one sample in libtriton's constructors at torch's import
+    brought back its 2.4 M rows, which evicted 13 tables that had run, some of them twice before the steps
+    began. Code run once brings nothing back: walks must stop at the table REWANT_NS apart within
+    REWANT_WINDOW_NS."""
+    p = make_pool(8, {n: table((R1,), 4, first_pc=0x1000 * (i + 1)) for i, n in enumerate("abc")})
+    now = [10**12]
+    p.tables.clock = lambda: now[0]
+    p.tables.rewant_ns = REWANT_NS
+    p.tables.add_process(1, [mapping(files(n), (i + 1) << 28) for i, n in enumerate("abc")])
+    assert p.tables.stats.evicted == 1 and p.proc(1)[0].first_row == ROWS_EVICTED  # a: never executed, evicted
+    p.tables.note_walk(1, (0x1000_0040,), STOP_EVICTED)  # the first stop at a
+    now[0] += REWANT_NS // 2
+    p.tables.note_walk(1, (0x1000_0040,), STOP_EVICTED)  # a burst of samples within a second: not yet
+    assert p.tables.catch_up() == 0 and p.proc(1)[0].first_row == ROWS_EVICTED
+    now[0] += REWANT_WINDOW_NS  # the next stop comes after the window: a first stop again
+    p.tables.note_walk(1, (0x1000_0040,), STOP_EVICTED)
+    assert p.tables.catch_up() == 0
+    now[0] += REWANT_NS  # a second later, still stopping there: a comes back
+    p.tables.note_walk(1, (0x1000_0040,), STOP_EVICTED)
+    assert p.tables.catch_up() == 1 and p.proc(1)[0].nrows == 4 and p.tables.stats.reloaded == 1
+    assert not p.tables._first_stops
 
 
 def test_freed_neighbours_merge(files: Callable[[str], str]) -> None:
