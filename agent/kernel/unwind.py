@@ -186,6 +186,7 @@ class UnwindTables:
         self._starts: dict[int, list[int]] = {}  # pid -> its mappings' starts, as _proc_keys orders them
         self._wanted: dict[str, tuple[int, Mapping]] = {}  # evicted tables a walk stopped at -> a mapping of them
         self._first_stops: dict[str, int] = {}  # evicted tables -> when a walk first stopped at them (clock ns)
+        self._evicted_size: dict[str, tuple[int, int]] = {}  # evicted or deferred tables -> (rows, index entries)
         self.rewant_ns = REWANT_NS  # tests set 0: the first stop at an evicted table brings it back
         self.clock = time.monotonic_ns
         self._vdso_file: tuple[str, int] | None = None
@@ -317,6 +318,8 @@ class UnwindTables:
             if 0 < len(table) <= self.capacity and not self._over_limits(table):
                 # executed tables fill the pool: this one waits, as if evicted, for a walk to stop at it
                 self._evicted.add(key)
+                paged = page_index(table.rows)
+                self._evicted_size[key] = (len(table), len(paged[2]) if paged else 0)
                 self.stats.deferred += 1
                 return key
             self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
@@ -328,9 +331,10 @@ class UnwindTables:
 
     def note_walk(self, pid: int, user: tuple[int, ...], stop: int) -> None:
         """A walk of `pid` went through `user` (leaf first) and ended with UW_STOP_* `stop`: its tables are
-        executed now; one it stopped at because it was evicted is wanted back (catch_up loads it) once walks have
-        stopped at it for `rewant_ns` (within REWANT_WINDOW_NS): code run once, as a library's constructors at an
-        import, brings no table back (one such sample in libtriton's 2.4 M rows evicted 13 executed tables)."""
+        executed now; one it stopped at because it was evicted is wanted back (catch_up loads it) at once if it
+        fits the pools' free space, else once walks have stopped at it for `rewant_ns` (within
+        REWANT_WINDOW_NS): code run once, as a library's constructors at an import, evicts nothing to come back
+        (one such sample in libtriton's 2.4 M rows evicted 13 executed tables)."""
         starts, entries = self._starts.get(pid), self._proc_keys.get(pid)
         if not starts or not entries or not user:
             return
@@ -354,8 +358,14 @@ class UnwindTables:
                 first = self._first_stops.get(key)
                 if first is None or now - first > REWANT_WINDOW_NS:
                     first = self._first_stops[key] = now
-                if now - first >= self.rewant_ns:
+                if now - first >= self.rewant_ns or self._fits(key):
                     self._wanted.setdefault(key, (pid, m))
+
+    def _fits(self, key: str) -> bool:
+        """Whether evicted table `key` would come back without evicting another."""
+        size = self._evicted_size.get(key)
+        return size is not None and any(n >= size[0] for _, n in self._free.free) and \
+            any(n >= size[1] for _, n in self._index_free.free)
 
     def catch_up(self) -> int:
         """Load the evicted tables walks stopped at since the last call (evicting what ran least recently);
@@ -433,6 +443,7 @@ class UnwindTables:
                                    used_ns=time.monotonic_ns())
         self._evicted.discard(key)
         self._first_stops.pop(key, None)
+        self._evicted_size.pop(key, None)
         self.stats.loaded += 1
         self._update_stats()
         return True
@@ -475,6 +486,7 @@ class UnwindTables:
             self.stats.evicted_again += 1
         self._evicted.add(key)
         self._evicted_ever.add(key)
+        self._evicted_size[key] = (loaded.nrows, loaded.npages + 1)
         self.stats.evicted += 1
         for pid in sorted(loaded.users):
             self._write_proc(pid)

@@ -234,6 +234,22 @@ def test_an_evicted_table_comes_back_only_when_walks_keep_stopping_at_it(files: 
     assert not p.tables._first_stops
 
 
+def test_an_evicted_table_that_fits_the_free_space_comes_back_at_once(files: Callable[[str], str]) -> None:
+    """Found on the same proxy: libgomp's table, evicted before OpenMP's first parallel region, kept its worker
+    threads' walks short for a second (118 samples). Bringing back a table that fits the free space costs no
+    other table."""
+    p = make_pool(8, {"a": table((R1,), 2, first_pc=0x1000), "b": table((R1,), 4, first_pc=0x2000),
+                      "c": table((R1,), 4, first_pc=0x3000)})
+    p.tables.clock = lambda: 10**12  # time stands still: only the free space decides
+    p.tables.rewant_ns = REWANT_NS
+    p.tables.add_process(1, [mapping(files(n), (i + 1) << 28) for i, n in enumerate("abc")])
+    assert p.tables.stats.evicted == 2 and p.proc(1)[2].nrows == 4  # c needed 4 rows in a row: a and b went
+    p.tables.note_walk(1, (0x1000_0040,), STOP_EVICTED)  # a (2 rows) fits the 4 rows left free
+    assert p.tables.catch_up() == 1 and p.proc(1)[0].nrows == 2
+    p.tables.note_walk(1, (0x2000_0040,), STOP_EVICTED)  # b (4 rows) no longer fits the 2 left
+    assert p.tables.catch_up() == 0 and p.proc(1)[1].first_row == ROWS_EVICTED
+
+
 def test_freed_neighbours_merge(files: Callable[[str], str]) -> None:
     p = make_pool(12, {"a": table((R1,), 4), "b": table((R2,), 4), "c": table((R3,), 4), "big": table((R1,), 9)})
     for pid, n in ((1, "a"), (2, "b"), (3, "c")):
