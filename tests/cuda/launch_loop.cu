@@ -44,6 +44,13 @@ extern "C" int run_loop(double seconds, long rate, long *n_hot, long *n_cold) {
     return 0;
 }
 
+// One launch through the same deep stack, for a caller that paces itself (bench/launch_steps.py: Python work
+// between launches, as a training step's dispatch is). Returns 1 for hot, 0 for cold.
+extern "C" int launch_one(void) {
+    static unsigned rng = 1;
+    return deep(8, &rng, nullptr) ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 2;
     long rate = argc > 2 ? atol(argv[2]) : 10000;

@@ -1,0 +1,109 @@
+"""What aiflame costs a launch-bound training loop (issue #25's steps/s targets, CPU proxy): steps of 100 kernel
+launches, each after some microseconds of Python work as a step's dispatch is (bench/gpu/launch_py.py steps: the
+-shared build of tests/cuda/launch_loop.cu through ctypes, 20 Python calls deep; no GPU, so every launch fails at
+once but is made and probed). The job runs pinned to one CPU and aiflame to another, as on a GPU host where the
+agent does not share the training thread's core: what is left is what the job itself pays (BPF at its samples and
+probes, the kernel's uprobe traps). Rounds interleave: alone, `profile` with CPU sampling only, with the runtime
+probes, and with the probes at 19 Hz (the daemon's rate); the ratios are medians over rounds of each profiled
+run's steps/s against the alone run of its round, and the same for steps per second of the job's own CPU time
+(`process_time`: what the job paid, interrupts and uprobe traps included, less sensitive to the VM's speed
+swings). Results: bench/results/launch_steps.json.
+
+    python bench/launch_steps.py [--seconds 10] [--rounds 5] [--work-us 90] [--python PY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import REPO, aiflame_cmd, conditions, save
+from launch_rate import PY_DRIVER, _build
+
+MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"],
+         "probes_19hz": ["--no-gpu-samples", "-F", "19"]}
+
+
+def _result(stdout: str) -> dict[str, float]:
+    line = next((ln for ln in stdout.splitlines() if ln.startswith('{"hot"')), "")  # the job's own line
+    if not line:
+        raise SystemExit(f"the loop printed no result:\n{stdout[-2000:]}")
+    return dict(json.loads(line))
+
+
+def run(job: list[str], mode: str, out: Path, job_cpu: int, agent_cpu: int) -> dict[str, float]:
+    pinned = ["taskset", "-c", str(job_cpu), *job]
+    if mode == "alone":
+        proc = subprocess.run(pinned, capture_output=True, text=True, check=True)
+        return _result(proc.stdout)
+    from aiflame.core.capture import read_capture
+
+    cmd = ["taskset", "-c", str(agent_cpu), *aiflame_cmd("profile", "-q", "--force", "-o", str(out), "--formats",
+                                                        "folded", *MODES[mode], "--", *pinned)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"aiflame profile ({mode}) failed ({proc.returncode}):\n{proc.stdout[-1500:]}"
+                         f"{proc.stderr[-1500:]}")
+    res = _result(proc.stdout)
+    cap = read_capture(out / "profile.aiflame")
+    assert cap.footer is not None
+    c = cap.footer.counters
+    res.update({"calls_counted": c.get("calls_counted", 0), "calls_lost": c.get("call_lost", 0),
+                "samples": len(cap.samples), "agent_cpu_s": cap.footer.agent_cpu_s})
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=10, help="steps timed per run (10)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--work-us", type=float, default=90, help="Python work before each launch, in us (90)")
+    ap.add_argument("--python", default=sys.executable, help="the Python that runs the loop")
+    ap.add_argument("--modes", default=",".join(MODES))
+    a = ap.parse_args(argv)
+    if (os.cpu_count() or 1) < 2:
+        raise SystemExit("launch_steps: needs two CPUs (the job pinned to one, aiflame to the other)")
+    modes = a.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        raise SystemExit(f"launch_steps: unknown mode(s) {', '.join(sorted(unknown))} (known: {', '.join(MODES)})")
+    rounds: list[dict[str, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory(prefix="aiflame-launch-steps-") as tmp:
+        lib = _build(Path(tmp), shared=True)
+        cal = subprocess.run([a.python, str(PY_DRIVER), str(lib), "0", "calibrate", str(a.work_us)],
+                             capture_output=True, text=True, check=True)
+        spin = int(json.loads(cal.stdout)["spin"])
+        job = [a.python, str(PY_DRIVER), str(lib), str(a.seconds), "steps", str(spin)]
+        for r in range(a.rounds):
+            row = {m: run(job, m, Path(tmp) / f"{m}{r}", 1, 0) for m in ("alone", *modes)}
+            rounds.append(row)
+            print(f"round {r}: " + ", ".join(f"{m} {v['steps_per_s']:.1f} steps/s ({v['steps_per_cpu_s']:.1f} a "
+                                             "CPU second)" for m, v in row.items()) +
+                  "; " + ", ".join(f"{m} {v['calls_counted']:.0f} launches counted, {v['calls_lost']:.0f} lost"
+                                   for m, v in row.items() if m in ("probes", "probes_19hz")), flush=True)
+    summary: dict[str, object] = {}
+    alone = statistics.median(r["alone"]["steps_per_s"] for r in rounds)
+    print(f"alone: {alone:.1f} steps/s ({alone * 100:.0f} launches/s) median of {a.rounds}")
+    for m in modes:
+        ratio = statistics.median(r[m]["steps_per_s"] / r["alone"]["steps_per_s"] for r in rounds)
+        per_cpu = statistics.median(r[m]["steps_per_cpu_s"] / r["alone"]["steps_per_cpu_s"] for r in rounds)
+        cpu = statistics.median(r[m]["agent_cpu_s"] for r in rounds)
+        summary[m] = {"steps_per_s_ratio": ratio, "steps_per_job_cpu_s_ratio": per_cpu, "agent_cpu_s": cpu}
+        print(f"{m}: steps/s {ratio:.3f}x alone, steps per second of the job's CPU {per_cpu:.3f}x (medians of "
+              f"{a.rounds} rounds); agent CPU {cpu:.2f} s a run")
+    save("launch_steps", {"bench": "launch_steps", "seconds": a.seconds, "work_us": a.work_us, "spin": spin,
+                          "alone_steps_per_s": alone, "modes": summary, "rounds": rounds,
+                          "method": "job pinned to CPU 1, aiflame to CPU 0; rounds interleave alone and each mode; "
+                                    "ratio = median over rounds of profiled / alone of the same round",
+                          **conditions()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
