@@ -22,6 +22,7 @@ BENCHES = [
     ["split_bias.py", "--cost-s", "20"],
     ["bench_unwind.py"],
     ["launch_rate.py"],
+    ["launch_steps.py", "--seconds", "5", "--rounds", "3"],
     ["gpu_host.py", "--device", "cpu", "--small", "--seconds", "8", "--rounds", "2"],  # the CPU side, as a proxy
     ["start_time.py"],
     ["perfetto_size.py", "--seconds", "5,20"],
