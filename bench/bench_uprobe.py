@@ -25,7 +25,7 @@ from common import conditions, save
 
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.kernel.uprobes import ProbeSite, attach_uprobe, entry_offset
-from aiflame.agent.runtimes.base import SP, Deref, ProbeSpec
+from aiflame.agent.runtimes.base import ARG0, SP, Deref, ProbeSpec
 from aiflame.agent.runtimes.manager import spec_rec
 from aiflame.symbolize.objfmt.elf import ElfFile
 
@@ -132,11 +132,16 @@ def main() -> int:
     # the sync probes have
     sampler.set_probe_spec(0, spec_rec(ProbeSpec(("probed_call",), "launch", derefs=derefs, stack=STACK)))
     sampler.set_probe_spec(1, spec_rec(ProbeSpec(("probed_call",), "sync", derefs=derefs, stack=STACK, ret=True)))
+    # the launch spec as it is (cuda.py cudaLaunchKernel): entry + return, counted per kernel in BPF past the
+    # record budget (--launch-stacks, 300 a second per CPU): nearly every call of the loop takes that path
+    sampler.set_probe_spec(2, spec_rec(ProbeSpec(("probed_call",), "launch", derefs=derefs, stack=STACK, ret=True,
+                                                 sample_arg=ARG0)))
     # (name, program fd or -1 for ours, cookie, with a return probe, function, bytes past its first)
     configs = (("bare_uprobe", bare_fd, 0, False, "probed_call", 0),
                ("bare_uprobe_entry_return", bare_fd, 0, True, "probed_call", 0),
                ("aiflame_entry", -1, 0, False, "probed_call", 0),
                ("aiflame_entry_return", -1, 1, True, "probed_call", 0),
+               ("aiflame_launch_past_budget", -1, 2, True, "probed_call", 0),
                ("bare_uprobe_on_endbr64", bare_fd, 0, False, "probed_cet", 0),
                ("bare_uprobe_past_endbr64", bare_fd, 0, False, "probed_cet", past_endbr),
                ("bare_uprobe_on_lea", bare_fd, 0, False, "probed_lea", 0))

@@ -9,7 +9,7 @@ run's steps/s against the alone run of its round, and the same for steps per sec
 (`process_time`: what the job paid, interrupts and uprobe traps included, less sensitive to the VM's speed
 swings). Results: bench/results/launch_steps.json.
 
-    python bench/launch_steps.py [--seconds 10] [--rounds 5] [--work-us 90] [--python PY]
+    python bench/launch_steps.py [--seconds 10] [--rounds 5] [--work-us 90] [--python PY] [--attach WINDOWS]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,6 +61,54 @@ def run(job: list[str], mode: str, out: Path, job_cpu: int, agent_cpu: int) -> d
     return res
 
 
+def _rate(log: list[tuple[int, int]], a: int, b: int) -> float:
+    """Steps a second between CLOCK_MONOTONIC times `a` and `b`, from the job's (time, steps) lines."""
+    inside = [(t, n) for t, n in log if a <= t <= b]
+    if len(inside) < 2:
+        return 0.0
+    return (inside[-1][1] - inside[0][1]) / ((inside[-1][0] - inside[0][0]) / 1e9)
+
+
+def attach(job: list[str], modes: list[str], windows: int, seconds: float, tmp: Path) -> dict[str, object]:
+    """One job for the whole bench; `aiflame profile --pid` attaches for `seconds` at a time, each mode in turn,
+    with as long a gap between captures. Each window's rate (from 0.5 s after the capture began to its end) is
+    compared with the gaps on either side of it: the VM's speed drifts over tens of seconds, and the windows
+    are compared with their neighbours only."""
+    from aiflame.core.capture import read_capture
+
+    total = windows * len(modes) * (2 * seconds + 4) + 2 * seconds
+    proc = subprocess.Popen(["taskset", "-c", "1", *job[:3], str(total), "log", job[5]], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    spans: list[tuple[str, int, int]] = []
+    try:
+        time.sleep(seconds)
+        for w in range(windows):
+            for m in modes:
+                out = tmp / f"attach{w}{m}"
+                subprocess.run(["taskset", "-c", "0", *aiflame_cmd(
+                    "profile", "-q", "--force", "-o", str(out), "--formats", "folded", *MODES[m], "--pid",
+                    str(proc.pid), "-d", str(seconds))], cwd=REPO, check=True, capture_output=True)
+                cap = read_capture(out / "profile.aiflame")
+                assert cap.footer is not None
+                spans.append((m, cap.header.start_mono_ns, cap.footer.end_mono_ns))
+                time.sleep(seconds)
+    finally:
+        lines = proc.communicate()[0].splitlines()
+    log = [(int(t), int(n)) for t, n in (ln.split() for ln in lines if ln and ln[0].isdigit())]
+    ratios: dict[str, list[float]] = {m: [] for m in modes}
+    for i, (m, a, b) in enumerate(spans):
+        before = _rate(log, (spans[i - 1][2] if i else log[0][0]) + 500_000_000, a)
+        after = _rate(log, b + 500_000_000, spans[i + 1][1] if i + 1 < len(spans) else log[-1][0])
+        inside = _rate(log, a + 500_000_000, b)
+        if before and after and inside:
+            ratios[m].append(inside / ((before + after) / 2))
+    for m, rs in ratios.items():
+        print(f"{m} (attached, {len(rs)} windows of {seconds:.0f} s): steps/s "
+              f"{statistics.median(rs):.3f}x its neighbours (median; windows {min(rs):.3f}-{max(rs):.3f})")
+    return {m: {"ratio_median": statistics.median(rs), "ratios": rs} for m, rs in ratios.items() if rs}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10, help="steps timed per run (10)")
@@ -67,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--work-us", type=float, default=90, help="Python work before each launch, in us (90)")
     ap.add_argument("--python", default=sys.executable, help="the Python that runs the loop")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--attach", type=int, default=0, metavar="WINDOWS",
+                    help="instead of a job per run, one job and `profile --pid` attached WINDOWS times per mode for "
+                         "--seconds each, each window against the gaps beside it")
     a = ap.parse_args(argv)
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("launch_steps: needs two CPUs (the job pinned to one, aiflame to the other)")
@@ -80,6 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              capture_output=True, text=True, check=True)
         spin = int(json.loads(cal.stdout)["spin"])
         job = [a.python, str(PY_DRIVER), str(lib), str(a.seconds), "steps", str(spin)]
+        if a.attach:
+            found = attach(job, modes, a.attach, a.seconds, Path(tmp))
+            save("launch_steps_attach", {"bench": "launch_steps --attach", "seconds": a.seconds, "spin": spin,
+                                         "work_us": a.work_us, "modes": found, **conditions()})
+            return 0
         for r in range(a.rounds):
             row = {m: run(job, m, Path(tmp) / f"{m}{r}", 1, 0) for m in ("alone", *modes)}
             rounds.append(row)

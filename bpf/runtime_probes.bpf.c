@@ -47,14 +47,12 @@ struct call_budget {
     u64 credit_ns;
 };
 BPF_PERCPU_ARRAY(call_budgets, struct call_budget, 1);
-/* (tid << 32 | probe) of calls in flight that were counted without a record: their returns are not sent either. */
-BPF_TABLE("lru_hash", u64, u8, calls_unsent, 16384);
 /* tid -> the PROBE_SAMPLE call it is inside: a launch inside a launch (cudaLaunchKernel -> cuLaunchKernel) is the
  * same launch, neither recorded nor counted again. An entry older than a second is a thread that died inside a
  * launch (its id reused): launches return in microseconds. */
 struct launch_in {
     u32 probe;
-    u32 pad;
+    u32 unsent; /* counted without a record: its return is not sent either */
     u64 time_ns;
 };
 BPF_TABLE("lru_hash", u32, struct launch_in, in_launch, 16384);
@@ -168,18 +166,13 @@ static __always_inline int call_budget_take(u64 now) {
     return 1;
 }
 
-/* Count `n` calls of `key` without a record (a full map refuses them: counted as lost, never silently). Their
- * returns are not sent either. */
-static __always_inline void count_unsent(struct sample_key *key, u64 n, u64 tid_probe, u32 flags) {
+/* Count `n` calls of `key` without a record (a full map refuses them: counted as lost, never silently). */
+static __always_inline void count_unsent(struct sample_key *key, u64 n) {
     u64 *have = call_skipped.lookup(key);
     if (have)
         *have += n;
     else if (call_skipped.update(key, &n) != 0)
         count(CNT_CALL_LOST);
-    if (flags & PROBE_RET) {
-        u8 one = 1;
-        calls_unsent.update(&tid_probe, &one);
-    }
 }
 
 static __always_inline u32 call_user_words(struct call_rec *rec) {
@@ -219,9 +212,13 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
     if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) == 0)
         return 0;
     if (spec->flags & PROBE_SAMPLE) {
-        /* no room: counted on, carried by the key's next record */
+        /* no room: counted on, carried by the key's next record; its return is not sent either */
         struct sample_key key = {rec->pid, rec->probe, rec->args[spec->sample_arg & 7]};
-        count_unsent(&key, rec->calls, ((u64)rec->tid << 32) | rec->probe, spec->flags);
+        count_unsent(&key, rec->calls);
+        u32 tid = rec->tid;
+        struct launch_in *in = spec->flags & PROBE_RET ? in_launch.lookup(&tid) : NULL;
+        if (in && in->probe == rec->probe)
+            in->unsent = 1;
         count(CNT_CALL_SKIPPED);
     } else {
         count(CNT_CALL_LOST);
@@ -284,20 +281,27 @@ int on_call(struct pt_regs *ctx) {
     }
     rec->calls = 1;
     if (spec->flags & PROBE_SAMPLE) {
+        u32 tid = (u32)id;
         if (spec->flags & PROBE_RET) {
-            u32 tid = (u32)id;
             struct launch_in *outer = in_launch.lookup(&tid);
             if (outer && rec->time_ns - outer->time_ns < 1000000000ull)
                 return 0;
-            struct launch_in mine = {probe, 0, rec->time_ns};
-            in_launch.update(&tid, &mine);
         }
         struct sample_key key = {tgid, probe, rec->args[spec->sample_arg & 7]};
+        /* one write to in_launch a launch, that also says whether its return is to be sent: at 10k launches a
+         * second every map write is a cost the launching thread pays */
+        struct launch_in mine = {probe, 0, rec->time_ns};
         if (!call_budget_take(rec->time_ns)) {
-            count_unsent(&key, 1, (id << 32) | probe, spec->flags);
+            count_unsent(&key, 1);
+            if (spec->flags & PROBE_RET) {
+                mine.unsent = 1;
+                in_launch.update(&tid, &mine);
+            }
             count(CNT_CALL_SKIPPED);
             return 0;
         }
+        if (spec->flags & PROBE_RET)
+            in_launch.update(&tid, &mine);
         u64 *skipped = call_skipped.lookup(&key);
         if (skipped && *skipped) {
             rec->calls += (u32)*skipped;
@@ -376,11 +380,10 @@ int on_ret(struct pt_regs *ctx) {
         struct launch_in *outer = in_launch.lookup(&tid);
         if (outer && outer->probe != probe)
             return 0; /* the launch inside a launch returns */
+        u32 unsent = outer ? outer->unsent : 0;
         in_launch.delete(&tid);
-        if (calls_unsent.lookup(&key)) {
-            calls_unsent.delete(&key); /* its call was counted without a record */
-            return 0;
-        }
+        if (unsent)
+            return 0; /* its call was counted without a record */
     }
     struct ret_rec *rec = events.ringbuf_reserve(sizeof(struct ret_rec));
     if (!rec) {

@@ -8,6 +8,9 @@ Python function 20 calls deep, so every launch's stack holds `launch_from_python
                                                       (bench/launch_steps.py); prints the counts and
                                                       {"steps": N, "seconds": S, "steps_per_s": R, "cpu_s":
                                                       the process's CPU time over them, "steps_per_cpu_s": ...}
+    python launch_py.py LIBRARY SECONDS log SPIN      the same steps, printing "CLOCK_MONOTONIC_NS STEPS" every 25 steps
+                                                      (bench/launch_steps.py --attach reads the rate in and out of
+                                                      the windows it profiles), then the counts
     python launch_py.py LIBRARY 0 calibrate WORK_US   prints {"spin": SPIN}: iterations taking WORK_US here
                                                       (every run of a comparison uses the same SPIN)
 """
@@ -50,13 +53,15 @@ def op(lib: ctypes.CDLL, spin: int) -> int:
     return int(lib.launch_one())
 
 
-def steps(lib: ctypes.CDLL, seconds: float, spin: int) -> dict[str, float]:
+def steps(lib: ctypes.CDLL, seconds: float, spin: int, log: bool = False) -> dict[str, float]:
     hot = n = 0
     t0, c0 = time.perf_counter(), time.process_time()
     while (elapsed := time.perf_counter() - t0) < seconds:
         for _ in range(OPS_PER_STEP):
             hot += op(lib, spin)
         n += 1
+        if log and n % 25 == 0:
+            print(time.monotonic_ns(), n, flush=True)
     cpu = time.process_time() - c0
     return {"hot": hot, "cold": n * OPS_PER_STEP - hot, "steps": n, "seconds": elapsed, "steps_per_s": n / elapsed,
             "cpu_s": cpu, "steps_per_cpu_s": n / cpu if cpu > 0 else 0.0}
@@ -65,8 +70,8 @@ def steps(lib: ctypes.CDLL, seconds: float, spin: int) -> dict[str, float]:
 def nested(depth: int, lib: ctypes.CDLL, seconds: float, mode: str, work: str) -> dict[str, float]:
     if depth:
         return nested(depth - 1, lib, seconds, mode, work)
-    if mode == "steps":
-        return steps(lib, seconds, int(work))
+    if mode in ("steps", "log"):
+        return steps(lib, seconds, int(work), log=mode == "log")
     if mode == "calibrate":
         return {"spin": _iterations_for(float(work))}
     return launch_from_python(lib, seconds, int(mode))
