@@ -187,6 +187,7 @@ class UnwindTables:
         self._wanted: dict[str, tuple[int, Mapping]] = {}  # evicted tables a walk stopped at -> a mapping of them
         self._first_stops: dict[str, int] = {}  # evicted tables -> when a walk first stopped at them (clock ns)
         self._evicted_size: dict[str, tuple[int, int]] = {}  # evicted or deferred tables -> (rows, index entries)
+        self._wanted_if_fits: set[str] = set()  # of _wanted, those that come back only if they still fit
         self.rewant_ns = REWANT_NS  # tests set 0: the first stop at an evicted table brings it back
         self.clock = time.monotonic_ns
         self._vdso_file: tuple[str, int] | None = None
@@ -358,8 +359,12 @@ class UnwindTables:
                 first = self._first_stops.get(key)
                 if first is None or now - first > REWANT_WINDOW_NS:
                     first = self._first_stops[key] = now
-                if now - first >= self.rewant_ns or self._fits(key):
+                if now - first >= self.rewant_ns:
                     self._wanted.setdefault(key, (pid, m))
+                    self._wanted_if_fits.discard(key)
+                elif key not in self._wanted and self._fits(key):
+                    self._wanted[key] = (pid, m)
+                    self._wanted_if_fits.add(key)  # catch_up looks again: others may have taken the room since
 
     def _fits(self, key: str) -> bool:
         """Whether evicted table `key` would come back without evicting another."""
@@ -372,8 +377,9 @@ class UnwindTables:
         returns how many were loaded."""
         n = 0
         wanted, self._wanted = self._wanted, {}
+        if_fits, self._wanted_if_fits = self._wanted_if_fits, set()
         for key, (pid, m) in wanted.items():
-            if pid not in self._proc_keys or key in self._files:
+            if pid not in self._proc_keys or key in self._files or (key in if_fits and not self._fits(key)):
                 continue
             if self._load(pid, m, reload=True) == key and key in self._files:
                 n += 1

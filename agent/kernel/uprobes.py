@@ -23,9 +23,9 @@ ENDBR64 = b"\xf3\x0f\x1e\xfa"  # CET's landing pad for indirect branches
 def entry_offset(code: bytes) -> int:
     """Where in a function's first bytes (x86-64) its entry probe goes: past a leading endbr64, which changes no
     register and no memory, so the probe sees what it would at the entry (arguments, sp and the return address
-    at it). The kernel emulates the probed instruction or single-steps it out of line; it does not emulate
-    endbr64, and the `push` that usually follows is emulated: a uprobe on endbr64 cost 12.0 us a call on the
-    2-vCPU VM, on the push after it 0.8 us (bench/bench_uprobe.py)."""
+    at it). The kernel emulates the probed instruction or single-steps it out of line; 6.18 does not emulate
+    endbr64, and emulates the `push` that usually follows: a uprobe on endbr64 cost 9.5-11.4 us a call on the
+    2-vCPU VM, on the push after it 0.8-0.9 us (bench/bench_uprobe.py)."""
     return len(ENDBR64) if code.startswith(ENDBR64) else 0
 
 

@@ -151,11 +151,23 @@ def copy_refused(size: int, what: str) -> str:
     return ""
 
 
-def _file_at(maps: list[tuple[int, int, str, int, str, int, str]], addr: int) -> tuple[str, int] | None:
-    for start, end, _perms, off, _dev, _inode, path in maps:
-        if start <= addr < end:
-            return (path, addr - start + off) if path.startswith("/") and not path.endswith(" (deleted)") else None
-    return None
+MapEntry = tuple[int, int, str, int, str, int, str]  # procmaps.parse_maps: start, end, perms, offset, dev, inode, path
+
+
+def _mapping_at(maps: list[MapEntry], addr: int) -> MapEntry | None:
+    return next((m for m in maps if m[0] <= addr < m[1]), None)
+
+
+def _is_file(m: MapEntry) -> bool:
+    return m[6].startswith("/") and not m[6].endswith(" (deleted)")
+
+
+def _still_mapped(pid: int, m: MapEntry) -> bool:
+    """Whether `pid` maps the same file (inode) at the same range as when its maps were read."""
+    try:
+        return os.stat(f"/proc/{pid}/map_files/{m[0]:x}-{m[1]:x}").st_ino == m[5]
+    except OSError:
+        return False
 
 
 class TargetMemory:
@@ -171,30 +183,20 @@ class TargetMemory:
 
     def __init__(self) -> None:
         self._readers: OrderedDict[int, ProcessMemory] = OrderedDict()
-        self._maps: OrderedDict[int, list[tuple[int, int, str, int, str, int, str]]] = OrderedDict()
+        self._maps: OrderedDict[int, list[MapEntry]] = OrderedDict()
 
     def read(self, pid: int, addr: int, size: int) -> bytes | None:
         if size <= 0:
             return None
-        for fresh in (False, True):
-            mem = self._reader(pid, fresh)
-            if mem is None:
-                return None
-            try:
-                return mem.read(addr, size)
-            except TargetGone:
-                if fresh:
-                    return None
-                # A kept reader may be of the image before an exec, or of an earlier process by that pid:
-                # its read fails, and a new reader decides.
-                self._drop_reader(pid)
-        return None
-
-    def _reader(self, pid: int, fresh: bool) -> ProcessMemory | None:
-        mem = None if fresh else self._readers.get(pid)
-        if mem is not None:
+        kept = self._readers.get(pid)
+        if kept is not None:
             self._readers.move_to_end(pid)
-            return mem
+            try:
+                return kept.read(addr, size)
+            except TargetGone:
+                # A kept reader may be of the image before an exec, or of an earlier process by that pid: its
+                # read fails, and a new reader decides.
+                self._drop_reader(pid)
         try:
             mem = ProcessMemory(pid)
         except TargetGone:
@@ -202,7 +204,10 @@ class TargetMemory:
         self._readers[pid] = mem
         while len(self._readers) > self.KEEP:
             self._readers.popitem(last=False)[1].close()
-        return mem
+        try:
+            return mem.read(addr, size)
+        except TargetGone:
+            return None
 
     def _drop_reader(self, pid: int) -> None:
         mem = self._readers.pop(pid, None)
@@ -212,12 +217,13 @@ class TargetMemory:
     def file_of(self, pid: int, addr: int) -> tuple[str, int] | None:
         """The file and file offset mapped at `addr` in `pid` (any permissions); None for anonymous memory and for
         a file deleted since it was mapped (its path names another file, or none: read the memory instead).
-        A file mapping in the kept maps answers; anything else reads them again."""
+        A file mapping in the kept maps answers if the process still maps that file there (its map_files entry,
+        one stat); anything else reads them again."""
         kept = self._maps.get(pid)
         if kept is not None:
-            hit = _file_at(kept, addr)
-            if hit is not None:
-                return hit
+            m = _mapping_at(kept, addr)
+            if m is not None and _is_file(m) and _still_mapped(pid, m):
+                return m[6], addr - m[0] + m[3]
         maps = read_maps(pid)
         if maps is None:
             self._maps.pop(pid, None)
@@ -226,7 +232,8 @@ class TargetMemory:
         self._maps.move_to_end(pid)
         while len(self._maps) > self.KEEP:
             self._maps.popitem(last=False)
-        return _file_at(maps, addr)
+        m = _mapping_at(maps, addr)
+        return (m[6], addr - m[0] + m[3]) if m is not None and _is_file(m) else None
 
     def forget_maps(self, pid: int) -> None:
         """`pid` may have mapped or unmapped something: its kept maps go."""

@@ -32,7 +32,9 @@ def test_samples_inside_a_return_probed_call_keep_their_callers(tmp_path: Path, 
     cap = read_capture(out / "profile.aiflame")
     calls = [e for e in cap.events if e.runtime == "nccl" and e.call == "ncclAllReduce"]
     assert len(calls) == 1 and calls[0].end_ns, calls  # probed at entry and return
-    assert (calls[0].args["dtype"], calls[0].args["bytes"], calls[0].args["ret"]) == (7, 1500 * 4, 0)  # as passed
+    # as passed, the stream the 7th argument (read at SP+8: where the probe sits must not have moved sp)
+    assert {k: calls[0].args[k] for k in ("dtype", "bytes", "ret", "stream")} == {
+        "dtype": 7, "bytes": 1500 * 4, "ret": 0, "stream": 0x5151}
     inside = {stack: n for stack, n in read_folded(out / "profile.folded").items() if "ncclAllReduce" in stack}
     total = sum(inside.values())
     assert total > 300, inside

@@ -6,7 +6,7 @@ int ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, int dataty
                   void *stream);
 
 __attribute__((noinline)) int caller(long ms) {
-    int r = ncclAllReduce(NULL, NULL, (size_t)ms, 7, 0, NULL, NULL);
+    int r = ncclAllReduce(NULL, NULL, (size_t)ms, 7, 0, NULL, (void *)0x5151);  /* the stream: on the stack */
     __asm__ volatile("" ::: "memory");  /* not a tail call: caller stays on the stack */
     return r;
 }

@@ -100,7 +100,7 @@ def test_attaches_present_symbols_once_per_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cet", [False, True])
 def test_entry_probes_go_past_a_leading_endbr64(tmp_path: Path, cet: bool) -> None:
-    """A uprobe on endbr64 is single-stepped (12 us a call here), the push after it emulated (0.8 us): a function
+    """A uprobe on endbr64 is single-stepped (~10 us a call here), the push after it emulated (~0.9 us): a function
     that starts with endbr64 (gcc -fcf-protection, the default on Ubuntu) is probed 4 bytes in, where the
     arguments, sp and the return address at it are what they were at the entry."""
     src = tmp_path / "fake.c"
@@ -115,8 +115,9 @@ def test_entry_probes_go_past_a_leading_endbr64(tmp_path: Path, cet: bool) -> No
         assert all(elf.pread(off, 4) == b"\xf3\x0f\x1e\xfa" for off in starts.values()) == cet  # as gcc wrote them
     bpf = FakeBpf()
     assert ProbeManager([Libc()], bpf).consider(str(lib)) is not None
-    placed = {off for _, off, _, _ in bpf.attached}
-    assert placed == {off + (4 if cet else 0) for off in starts.values()}  # entry and return probes alike
+    placed = {(off, ret) for _, off, _, ret in bpf.attached}
+    want = {off + (4 if cet else 0) for off in starts.values()}
+    assert placed == {(off, False) for off in want} | {(off + (4 if cet else 0), True) for off in [starts["write"]]}
 
 
 def test_a_file_that_could_not_be_opened_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -389,8 +390,21 @@ def test_file_of_keeps_maps_until_told_and_reads_again_on_a_miss(monkeypatch: py
         assert len(reads) == 2
         heap = ctypes.addressof(ctypes.create_string_buffer(64))  # anonymous memory
         assert mem.file_of(pid, heap) is None and len(reads) == 3  # not a file in the kept maps: read again
+        assert mem.file_of(pid, start + 4100) == (str(data), 4100) and len(reads) == 3  # kept, and still mapped
+        # Another file mapped over the same range with no stop between (munmap and mmap stop nothing): the kept
+        # maps' answer is checked against the process's map_files, and read again.
+        other = tmp_path / "other.bin"
+        other.write_bytes(b"\1" * 8192)
+        with open(other, "rb") as g:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            map_fixed = 0x10
+            assert libc.mmap(start, 8192, mmap.PROT_READ, mmap.MAP_PRIVATE | map_fixed, g.fileno(), 0) == start
+        assert mem.file_of(pid, start + 4100) == (str(other), 4100) and len(reads) == 4
     mem.forget_maps(pid)
-    assert mem.file_of(pid, libc_fn) == (path, off) and len(reads) == 4
+    assert mem.file_of(pid, libc_fn) == (path, off) and len(reads) == 5
 
 
 def _mapping_start(pid: int, path: str) -> int:

@@ -245,8 +245,10 @@ def test_an_evicted_table_that_fits_the_free_space_comes_back_at_once(files: Cal
     p.tables.add_process(1, [mapping(files(n), (i + 1) << 28) for i, n in enumerate("abc")])
     assert p.tables.stats.evicted == 2 and p.proc(1)[2].nrows == 4  # c needed 4 rows in a row: a and b went
     p.tables.note_walk(1, (0x1000_0040,), STOP_EVICTED)  # a (2 rows) fits the 4 rows left free
-    assert p.tables.catch_up() == 1 and p.proc(1)[0].nrows == 2
-    p.tables.note_walk(1, (0x2000_0040,), STOP_EVICTED)  # b (4 rows) no longer fits the 2 left
+    p.tables.note_walk(1, (0x2000_0040,), STOP_EVICTED)  # so does b (4 rows), but not both
+    assert p.tables.catch_up() == 1 and p.proc(1)[0].nrows == 2  # a came first; b no longer fits: nothing evicted
+    assert p.proc(1)[1].first_row == ROWS_EVICTED and p.proc(1)[2].nrows == 4 and p.tables.stats.evicted == 2
+    p.tables.note_walk(1, (0x2000_0040,), STOP_EVICTED)  # b stays out until walks keep stopping there
     assert p.tables.catch_up() == 0 and p.proc(1)[1].first_row == ROWS_EVICTED
 
 
