@@ -58,7 +58,10 @@ def _build_id_of(path: str, expect: tuple[str, int] | None) -> str:
         os.close(fd)
 
 
-def parse_maps(text: str) -> list[tuple[int, int, str, int, str, int, str]]:
+MapEntry = tuple[int, int, str, int, str, int, str]  # a maps line: start, end, perms, offset, dev, inode, path
+
+
+def parse_maps(text: str) -> list[MapEntry]:
     """Lines of /proc/PID/maps as (start, end, perms, offset, dev, inode, path)."""
     out = []
     for line in text.splitlines():
@@ -75,7 +78,7 @@ def parse_maps(text: str) -> list[tuple[int, int, str, int, str, int, str]]:
     return out
 
 
-def read_maps(pid: int) -> list[tuple[int, int, str, int, str, int, str]] | None:
+def read_maps(pid: int) -> list[MapEntry] | None:
     """parse_maps of /proc/PID/maps; None when the process is gone."""
     try:
         with open(f"/proc/{pid}/maps") as f:

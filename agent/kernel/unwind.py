@@ -318,9 +318,7 @@ class UnwindTables:
         if not self._store(key, table, evict_executed=reload):
             if 0 < len(table) <= self.capacity and not self._over_limits(table):
                 # executed tables fill the pool: this one waits, as if evicted, for a walk to stop at it
-                self._evicted.add(key)
-                paged = page_index(table.rows)
-                self._evicted_size[key] = (len(table), len(paged[2]) if paged else 0)
+                self._evicted.add(key)  # _store noted its size
                 self.stats.deferred += 1
                 return key
             self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
@@ -420,6 +418,7 @@ class UnwindTables:
         if paged is None or len(paged[2]) > self._index_capacity:
             return False
         shift, base, index = paged
+        self._evicted_size[key] = (n, len(index))  # while it is out of the pools: what it would take back
         index_at = self._alloc(self._index_free, len(index), evict_executed)
         if index_at is None:
             return False

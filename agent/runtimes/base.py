@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
-from aiflame.agent.procmaps import read_maps
+from aiflame.agent.procmaps import MapEntry, read_maps
 from aiflame.core import limits
 from aiflame.core.errors import Refused, TargetGone
 from aiflame.core.limits import charge
@@ -151,9 +151,6 @@ def copy_refused(size: int, what: str) -> str:
     return ""
 
 
-MapEntry = tuple[int, int, str, int, str, int, str]  # procmaps.parse_maps: start, end, perms, offset, dev, inode, path
-
-
 def _mapping_at(maps: list[MapEntry], addr: int) -> MapEntry | None:
     return next((m for m in maps if m[0] <= addr < m[1]), None)
 
@@ -220,20 +217,20 @@ class TargetMemory:
         A file mapping in the kept maps answers if the process still maps that file there (its map_files entry,
         one stat); anything else reads them again."""
         kept = self._maps.get(pid)
-        if kept is not None:
-            m = _mapping_at(kept, addr)
-            if m is not None and _is_file(m) and _still_mapped(pid, m):
-                return m[6], addr - m[0] + m[3]
-        maps = read_maps(pid)
-        if maps is None:
-            self._maps.pop(pid, None)
-            return None
-        self._maps[pid] = maps
-        self._maps.move_to_end(pid)
-        while len(self._maps) > self.KEEP:
-            self._maps.popitem(last=False)
-        m = _mapping_at(maps, addr)
-        return (m[6], addr - m[0] + m[3]) if m is not None and _is_file(m) else None
+        m = _mapping_at(kept, addr) if kept is not None else None
+        if m is None or not _is_file(m) or not _still_mapped(pid, m):
+            maps = read_maps(pid)
+            if maps is None:
+                self._maps.pop(pid, None)
+                return None
+            self._maps[pid] = maps
+            self._maps.move_to_end(pid)
+            while len(self._maps) > self.KEEP:
+                self._maps.popitem(last=False)
+            m = _mapping_at(maps, addr)
+            if m is None or not _is_file(m):
+                return None
+        return m[6], addr - m[0] + m[3]
 
     def forget_maps(self, pid: int) -> None:
         """`pid` may have mapped or unmapped something: its kept maps go."""

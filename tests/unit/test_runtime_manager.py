@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from aiflame.agent.kernel.records import ProbeFlag, ProbeSpecRec
 from aiflame.agent.kernel.sampler import CallRecord, OpenRecord, RetRecord
 from aiflame.agent.kernel.uprobes import ProbeSite
-from aiflame.agent.procmaps import read_maps
+from aiflame.agent.procmaps import MapEntry, read_maps
 from aiflame.agent.runtimes import base as runtimes_base
 from aiflame.agent.runtimes.base import ARG0, ARG3, SP, Call, Deref, Library, ProbeSpec, Runtime, TargetMemory
 from aiflame.agent.runtimes.cuda import CudaRuntime, code_object_size
@@ -370,7 +370,7 @@ def test_file_of_keeps_maps_until_told_and_reads_again_on_a_miss(monkeypatch: py
                                                                    tmp_path: Path) -> None:
     reads: list[int] = []
 
-    def counted(pid: int) -> list[tuple[int, int, str, int, str, int, str]] | None:
+    def counted(pid: int) -> list[MapEntry] | None:
         reads.append(pid)
         return read_maps(pid)
 
@@ -408,7 +408,4 @@ def test_file_of_keeps_maps_until_told_and_reads_again_on_a_miss(monkeypatch: py
 
 
 def _mapping_start(pid: int, path: str) -> int:
-    for line in open(f"/proc/{pid}/maps"):
-        if line.rstrip().endswith(path):
-            return int(line.split("-")[0], 16)
-    raise AssertionError(f"{path} not mapped")
+    return next(m[0] for m in read_maps(pid) or [] if m[6] == path)
