@@ -167,7 +167,7 @@ def main() -> int:
                         failed |= sampler.attach_probes(str(exe), [ProbeSite(offset, cookie)], ret=True)
                     if failed:
                         raise SystemExit("; ".join(failed.values()))
-                    fds = [sampler.prog_fd(False)] + ([sampler.prog_fd(True)] if ret else [])
+                    fds = list({sampler.prog_fd(False), sampler.prog_fd(ret)})  # one program with session links
                 before = [_prog_run(f) for f in fds]
                 loops[name].append(timed(fn))
                 after = [_prog_run(f) for f in fds]

@@ -7,6 +7,11 @@
  * return value, and optionally a value the call wrote through an out-pointer argument (a handle). User space
  * names and decodes the arguments; nothing here knows a runtime.
  *
+ * With AIFLAME_UPROBE_SESSION (kernel 6.13+) on_call is attached through uprobe session links and runs at a
+ * call's return too, only when its entry run returned 0 (KEEP_RET): a launch counted without a record returns
+ * SKIP_RET, and the kernel neither hijacks its return address nor traps at its return. Otherwise on_ret is
+ * attached on its own and runs at every return of a probe with PROBE_RET.
+ *
  * Libraries a target opens after the start are probed before their first call: an openat of a path that looks
  * like a shared object, once it succeeded, stops the process (SIGSTOP), the agent attaches and continues it
  * (SIGCONT).
@@ -47,13 +52,32 @@ struct call_budget {
     u64 credit_ns;
 };
 BPF_PERCPU_ARRAY(call_budgets, struct call_budget, 1);
+/* What on_call returns at a call's entry: with session links, whether on_call is to run at its return. */
+#ifdef AIFLAME_UPROBE_SESSION
+#define SKIP_RET 1
+#else
+#define SKIP_RET 0 /* returns are on_ret's, attached on their own */
+#endif
+#define KEEP_RET 0
+
 /* tid -> the PROBE_SAMPLE call it is inside: a launch inside a launch (cudaLaunchKernel -> cuLaunchKernel) is the
  * same launch, neither recorded nor counted again. An entry older than a second is a thread that died inside a
- * launch (its id reused): launches return in microseconds. */
+ * launch (its id reused): launches return in microseconds. A launch whose return is not probed (LAUNCH_NORET)
+ * leaves its entry behind when it returns: it is open only while its return address is still in its slot and
+ * the later call sits deeper in the stack (launch_open says when). */
+#define LAUNCH_UNSENT 1 /* counted without a record: its return is not sent either */
+#define LAUNCH_NORET 2  /* its return does not run on_call (session links) */
+#ifdef AIFLAME_UPROBE_SESSION
+#define LAUNCH_SKIPPED (LAUNCH_UNSENT | LAUNCH_NORET)
+#else
+#define LAUNCH_SKIPPED LAUNCH_UNSENT
+#endif
 struct launch_in {
     u32 probe;
-    u32 unsent; /* counted without a record: its return is not sent either */
+    u32 flags; /* LAUNCH_* */
     u64 time_ns;
+    u64 sp; /* at its entry: where its return address is */
+    u64 ra;
 };
 BPF_TABLE("lru_hash", u32, struct launch_in, in_launch, 16384);
 BPF_ARRAY(layout_call, struct call_rec, 1);
@@ -175,13 +199,43 @@ static __always_inline void count_unsent(struct sample_key *key, u64 n) {
         count(CNT_CALL_LOST);
 }
 
+/* Whether the launch `outer` of this thread is still running, seen from launch `probe` entered at `sp`. A launch
+ * whose return runs on_call deletes its entry there. One whose return does not is open while its return address
+ * is still where it was pushed and the new call is deeper, or as deep and another probe (a launch that jumps to
+ * the driver's as its last act): once it returned, its caller's next call or push overwrites the slot. Two ways
+ * to be wrong, both needing launches of different probes that are not nested: a caller that moves its stack
+ * pointer down without writing the slot and calls down to one, and one call site that calls both through a
+ * pointer. */
+static __always_inline int launch_open(struct launch_in *outer, u64 sp, u32 probe) {
+    if (!(outer->flags & LAUNCH_NORET))
+        return 1;
+    if (sp > outer->sp || (sp == outer->sp && probe == outer->probe))
+        return 0;
+    u64 slot = 0;
+    if (bpf_probe_read_user(&slot, sizeof(slot), (void *)outer->sp) != 0)
+        return 0;
+    return slot == outer->ra;
+}
+
+/* A call whose return the kernel hijacks: its return address, for the CFI walk (walk.h) to see through the
+ * kernel's trampoline. */
+static __always_inline void note_uret(u32 tid, u64 sp, u64 ra) {
+    struct uret_calls fresh = {};
+    struct uret_calls *u = uret_ras.lookup_or_try_init(&tid, &fresh);
+    if (u) {
+        u32 i = u->n++ & (UW_URET_CALLS - 1);
+        u->slot[i] = sp;
+        u->ra[i] = ra;
+    }
+}
+
 static __always_inline u32 call_user_words(struct call_rec *rec) {
     u32 nu = (u32)rec->user_len / 8;
     return nu > AIFLAME_MAX_STACK ? AIFLAME_MAX_STACK : nu;
 }
 
 /* After the caller's user stack (when `stack`: the probe has PROBE_STACK): its Python frames, the out-pointer to
- * remember, and the record out. */
+ * remember, and the record out. Returns KEEP_RET when the call's return is wanted. */
 static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec, struct probe_spec *spec,
                                        int stack) {
     u32 words = 0;
@@ -202,46 +256,50 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
     u64 size = offsetof(struct call_rec, data) + (u64)words * 8;
     if (size > sizeof(struct call_rec))
         size = sizeof(struct call_rec);
+    int ret = spec->flags & PROBE_RET ? KEEP_RET : SKIP_RET;
     if (spec->flags & PROBE_STOP) {
         /* the agent reads what it needs (e.g. the mappings of a process about to exit), then continues it. The
          * loader's stops go out with the library opens, read first; exit's after the records before it. */
         if (stop_target_and_emit(rec->pid, rec->time_ns, rec, size, spec->flags & PROBE_IF_OPENED) != 0)
             count(CNT_CALL_LOST);
-        return 0;
+        return ret;
     }
     if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) == 0)
-        return 0;
+        return ret;
     if (spec->flags & PROBE_SAMPLE) {
         /* no room: counted on, carried by the key's next record; its return is not sent either */
         struct sample_key key = {rec->pid, rec->probe, rec->args[spec->sample_arg & 7]};
         count_unsent(&key, rec->calls);
         u32 tid = rec->tid;
         struct launch_in *in = spec->flags & PROBE_RET ? in_launch.lookup(&tid) : NULL;
-        if (in && in->probe == rec->probe)
-            in->unsent = 1;
+        if (in && in->probe == rec->probe) {
+            in->flags |= LAUNCH_SKIPPED;
+            ret = SKIP_RET;
+        }
         count(CNT_CALL_SKIPPED);
     } else {
         count(CNT_CALL_LOST);
     }
-    return 0;
+    return ret;
 }
 
-/* The probe id is the attach cookie the agent gave this uprobe (agent/uprobes.py attaches with one). */
-int on_call(struct pt_regs *ctx) {
+/* A call's entry. The probe id is the attach cookie the agent gave this uprobe (agent/uprobes.py attaches with
+ * one). Returns KEEP_RET when the call's return is wanted. */
+static __always_inline int call_entry(struct pt_regs *ctx) {
     u32 probe = (u32)bpf_get_attach_cookie(ctx);
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     u32 target = target_flags(tgid);
     if (!target)
-        return 0;
+        return SKIP_RET;
     struct probe_spec *spec = probe_specs.lookup(&probe);
     u32 zero = 0;
     struct call_rec *rec = call_scratch.lookup(&zero);
     if (!spec || !rec)
-        return 0;
+        return SKIP_RET;
     if (spec->flags & PROBE_IF_OPENED) {
         if (!libs_opened.lookup(&tgid))
-            return 0;
+            return SKIP_RET;
         libs_opened.delete(&tgid);
     }
     FILL_HEAD(rec, REC_CALL, id);
@@ -259,16 +317,10 @@ int on_call(struct pt_regs *ctx) {
     if (bpf_probe_read_user(top, sizeof(top), (void *)ctx->sp) != 0)
         top[0] = read_ptr(ctx->sp);
     rec->args[7] = top[0];
-    if (spec->flags & PROBE_RET) {
-        u32 tid = (u32)id;
-        struct uret_calls fresh = {};
-        struct uret_calls *u = uret_ras.lookup_or_try_init(&tid, &fresh);
-        if (u) {
-            u32 i = u->n++ & (UW_URET_CALLS - 1);
-            u->slot[i] = ctx->sp;
-            u->ra[i] = top[0];
-        }
-    }
+#ifndef AIFLAME_UPROBE_SESSION
+    if (spec->flags & PROBE_RET) /* on_ret is attached: every call's return is hijacked */
+        note_uret((u32)id, ctx->sp, top[0]);
+#endif
     if (spec->flags & PROBE_REGS) {
         /* USDT sites: arguments may sit in any general register */
         u64 regs[16] = {ctx->ax, ctx->bx, ctx->cx, ctx->dx, ctx->si, ctx->di, ctx->bp, ctx->sp,
@@ -284,21 +336,21 @@ int on_call(struct pt_regs *ctx) {
         u32 tid = (u32)id;
         if (spec->flags & PROBE_RET) {
             struct launch_in *outer = in_launch.lookup(&tid);
-            if (outer && rec->time_ns - outer->time_ns < 1000000000ull)
-                return 0;
+            if (outer && rec->time_ns - outer->time_ns < 1000000000ull && launch_open(outer, ctx->sp, probe))
+                return SKIP_RET;
         }
         struct sample_key key = {tgid, probe, rec->args[spec->sample_arg & 7]};
         /* one write to in_launch a launch, that also says whether its return is to be sent: at 10k launches a
          * second every map write is a cost the launching thread pays */
-        struct launch_in mine = {probe, 0, rec->time_ns};
+        struct launch_in mine = {probe, 0, rec->time_ns, ctx->sp, top[0]};
         if (!call_budget_take(rec->time_ns)) {
             count_unsent(&key, 1);
             if (spec->flags & PROBE_RET) {
-                mine.unsent = 1;
+                mine.flags = LAUNCH_SKIPPED;
                 in_launch.update(&tid, &mine);
             }
             count(CNT_CALL_SKIPPED);
-            return 0;
+            return SKIP_RET;
         }
         if (spec->flags & PROBE_RET)
             in_launch.update(&tid, &mine);
@@ -308,6 +360,10 @@ int on_call(struct pt_regs *ctx) {
             *skipped = 0;
         }
     }
+#ifdef AIFLAME_UPROBE_SESSION
+    if (spec->flags & PROBE_RET) /* kept: the kernel hijacks this call's return */
+        note_uret((u32)id, ctx->sp, top[0]);
+#endif
     rec->deref_ok = 0;
 #pragma unroll
     for (int i = 0; i < AIFLAME_PROBE_DEREFS; i++) {
@@ -347,7 +403,7 @@ int on_call(struct pt_regs *ctx) {
          * Python walker once (in call_finish), not also in this program (a start-up cost) */
         uw_call_progs.call(ctx, UW_PROG_FINISH);
         count(CNT_UW_TAILCALL_FAIL);
-        return 0;
+        return KEEP_RET;
     }
     return finish_call(ctx, rec, spec, 0);
 }
@@ -367,7 +423,8 @@ int call_finish(struct pt_regs *ctx) {
     return finish_call(ctx, rec, spec, spec->flags & PROBE_STACK);
 }
 
-int on_ret(struct pt_regs *ctx) {
+/* A call's return. */
+static __always_inline int call_return(struct pt_regs *ctx) {
     u32 probe = (u32)bpf_get_attach_cookie(ctx);
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
@@ -380,7 +437,7 @@ int on_ret(struct pt_regs *ctx) {
         struct launch_in *outer = in_launch.lookup(&tid);
         if (outer && outer->probe != probe)
             return 0; /* the launch inside a launch returns */
-        u32 unsent = outer ? outer->unsent : 0;
+        u32 unsent = outer ? outer->flags & LAUNCH_UNSENT : 0;
         in_launch.delete(&tid);
         if (unsent)
             return 0; /* its call was counted without a record */
@@ -404,6 +461,20 @@ int on_ret(struct pt_regs *ctx) {
     }
     events.ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
     return 0;
+}
+
+/* At a call's entry, and with session links at its return too: there the instruction pointer is the return
+ * address, at the entry the probed address (bpf_get_func_ip's answer in both). */
+int on_call(struct pt_regs *ctx) {
+#ifdef AIFLAME_UPROBE_SESSION
+    if (ctx->ip != bpf_get_func_ip(ctx))
+        return call_return(ctx);
+#endif
+    return call_entry(ctx);
+}
+
+int on_ret(struct pt_regs *ctx) {
+    return call_return(ctx);
 }
 
 /* One pass over a path: its FNV-1a hash, and whether it names a shared object ("x.so" or "x.so.N..."; ld.so.cache

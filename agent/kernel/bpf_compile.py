@@ -2,13 +2,16 @@
 the program and map file descriptors to the agent over a Unix socket and exits, so LLVM's ~100 MB never lives in
 the agent. Run by agent/bpf_object.py as `python bpf_compile.py SOCKET_FD`, the request as JSON on stdin:
 
-    {"text": C source, "cflags": [...], "functions": {name: "kprobe"|"uprobe"|"perf_event"|"tracepoint"}, "maps": [...]}
+    {"text": C source, "cflags": [...],
+     "functions": {name: "kprobe"|"uprobe"|"uprobe_session"|"perf_event"|"tracepoint"}, "maps": [...]}
 
 Functions named tracepoint__CATEGORY__EVENT are loaded too. "uprobe" functions are kprobe programs loaded for
 uprobe_multi links (expected attach type BPF_TRACE_UPROBE_MULTI) when the kernel takes that (6.6 and later), else
 as plain kprobe programs for one perf event per probe; the reply's "uprobe_multi" says which, for all of them
-(their tail-called programs must be loaded alike). The reply is one message: JSON metadata (below) with
-the descriptors attached, in the order it lists them. Compile errors go to stderr, exit status 1.
+(their tail-called programs must be loaded alike). "uprobe_session" functions are loaded for uprobe session links
+(BPF_TRACE_UPROBE_SESSION; the caller asks for them only where the kernel has them). The reply is one message:
+JSON metadata (below) with the descriptors attached, in the order it lists them. Compile errors go to stderr,
+exit status 1.
 
 On stdout (stray output of BCC and LLVM goes to stderr instead) it writes, as JSON, what loading the same programs
 without BCC takes (agent/kernel/bpf_cache.py keeps it): each program's instructions as BCC produced them, with
@@ -29,7 +32,7 @@ import struct
 import sys
 from typing import Any
 
-BPF_TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type
+BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION = 48, 57  # enum bpf_attach_type
 BPF_PSEUDO_MAP_FD = 1
 LD_IMM64, CALL = 0x18, 0x85
 _SYS_BPF, _OBJ_GET_INFO_BY_FD, _BTF_GET_FD_BY_ID = 321, 15, 19
@@ -184,7 +187,8 @@ def main() -> int:
     from bcc import BPF
     from bcc.libbcc import lib
 
-    kinds = {"kprobe": BPF.KPROBE, "uprobe": BPF.KPROBE, "perf_event": BPF.PERF_EVENT, "tracepoint": BPF.TRACEPOINT}
+    kinds = {"kprobe": BPF.KPROBE, "uprobe": BPF.KPROBE, "uprobe_session": BPF.KPROBE, "perf_event": BPF.PERF_EVENT,
+             "tracepoint": BPF.TRACEPOINT}
     try:
         bpf = BPF(text=req["text"], cflags=req["cflags"])
         functions = dict(req["functions"])
@@ -210,12 +214,14 @@ def main() -> int:
             if name in progs:
                 continue
             progs[name] = len(fds)
-            attach_type = BPF_TRACE_UPROBE_MULTI if kind == "uprobe" and multi else 0
+            attach_type = (BPF_TRACE_UPROBE_SESSION if kind == "uprobe_session" else
+                           BPF_TRACE_UPROBE_MULTI if kind == "uprobe" and multi else 0)
             if attach_type:
                 fds.append(bpf.load_func(name.encode(), BPF.KPROBE, attach_type=attach_type).fd)
             else:
                 fds.append(bpf.load_func(name.encode(), kinds[kind]).fd)
             loaded.append((name, kinds[kind], attach_type, fds[-1]))
+        multi = multi or "uprobe_session" in functions.values()  # session links are uprobe_multi links
         map_fds: dict[str, int] = {}
         for name in req["maps"]:
             try:

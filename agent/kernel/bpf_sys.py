@@ -8,6 +8,7 @@ import ctypes
 import errno
 import functools
 import os
+import struct
 from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -18,8 +19,11 @@ SYS_BPF = 321
 BPF_MAP_CREATE, BPF_PROG_LOAD, BPF_OBJ_GET_INFO_BY_FD, BPF_BTF_LOAD = 0, 5, 15, 18
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
 BPF_LINK_CREATE = 28
+BPF_ENABLE_STATS = 32
 BPF_PERF_EVENT = 41
 BPF_TRACE_UPROBE_MULTI = 48
+BPF_TRACE_UPROBE_SESSION = 57  # kernel 6.13+
+BPF_PROG_TYPE_KPROBE = 2
 BPF_F_UPROBE_MULTI_RETURN = 1
 PERF_FLAG_FD_CLOEXEC = 8
 PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT = 0, 1, 2
@@ -167,18 +171,42 @@ def link_perf_event(prog_fd: int, perf_fd: int, cookie: int = 0) -> int:
 
 
 def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int], ref_ctrs: list[int],
-                      ret: bool) -> int:
+                      ret: bool, session: bool = False) -> int:
     """One link probing every file offset of `path` (each with its cookie and USDT semaphore offset, 0 for
-    none) in every process; closing it detaches them all after a single grace period."""
+    none) in every process; closing it detaches them all after a single grace period. With `session` (the
+    program loaded for BPF_TRACE_UPROBE_SESSION) the program runs at each call's entry and, unless its entry run
+    returned non-zero, at that call's return."""
     n = len(offsets)
     path_buf = ctypes.create_string_buffer(os.fsencode(path))
     offs, cks, refs = (ctypes.c_uint64 * n)(*offsets), (ctypes.c_uint64 * n)(*cookies), (ctypes.c_uint64 * n)(*ref_ctrs)
-    link = _LinkUprobeMulti(prog_fd=prog_fd, attach_type=BPF_TRACE_UPROBE_MULTI, path=ctypes.addressof(path_buf),
+    attach_type = BPF_TRACE_UPROBE_SESSION if session else BPF_TRACE_UPROBE_MULTI
+    link = _LinkUprobeMulti(prog_fd=prog_fd, attach_type=attach_type, path=ctypes.addressof(path_buf),
                             offsets=ctypes.addressof(offs), cookies=ctypes.addressof(cks),
                             ref_ctr_offsets=ctypes.addressof(refs) if any(ref_ctrs) else 0, cnt=n,
-                            uprobe_flags=BPF_F_UPROBE_MULTI_RETURN if ret else 0)
+                            uprobe_flags=BPF_F_UPROBE_MULTI_RETURN if ret and not session else 0)
     return _check(_libc.syscall(SYS_BPF, BPF_LINK_CREATE, ctypes.byref(link), ctypes.sizeof(link)),
                   "bpf link create (uprobe_multi)")
+
+
+_RETURN_0 = bytes.fromhex("b700000000000000" "9500000000000000")  # r0 = 0; exit
+
+
+@functools.cache
+def uprobe_session_supported() -> bool:
+    """Whether the kernel takes uprobe session links (6.13+): a program loaded for them, linked to "/" (no
+    regular file), fails with EBADF where the attach type is known and with EINVAL where it is not."""
+    try:
+        fd = prog_load(BPF_PROG_TYPE_KPROBE, _RETURN_0, "GPL", name="aiflame_probe",
+                       expected_attach_type=BPF_TRACE_UPROBE_SESSION)
+    except OSError:
+        return False
+    try:
+        os.close(link_uprobe_multi(fd, "/", [0], [0], [0], False, session=True))
+    except OSError as e:
+        return e.errno == errno.EBADF
+    finally:
+        os.close(fd)
+    return True
 
 
 def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, flags: int = 0, name: str = "",
@@ -230,6 +258,22 @@ def obj_info(fd: int, size: int) -> bytes:
     attr = _ObjInfo(bpf_fd=fd, info_len=size, info=ctypes.addressof(buf))
     _check(_libc.syscall(SYS_BPF, BPF_OBJ_GET_INFO_BY_FD, ctypes.byref(attr), ctypes.sizeof(attr)), "bpf obj info")
     return buf.raw[:attr.info_len]
+
+
+def prog_runs(fd: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of a loaded program: counted while run-time statistics are on (enable_stats)."""
+    info = obj_info(fd, 208)
+    if len(info) < 208:
+        return 0, 0
+    ns, cnt = struct.unpack_from("<QQ", info, 192)
+    return ns, cnt
+
+
+def enable_stats() -> int:
+    """Turn on the kernel's run-time statistics of BPF programs (BPF_ENABLE_STATS) until the fd is closed."""
+    attr = ctypes.c_uint32(0)  # BPF_STATS_RUN_TIME
+    return _check(_libc.syscall(SYS_BPF, BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr)),
+                  "bpf enable stats")
 
 
 def _elem(cmd: int, map_fd: int, key: ctypes.Array[ctypes.c_char] | None, value: ctypes.Array[ctypes.c_char] | None,

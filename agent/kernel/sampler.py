@@ -22,6 +22,7 @@ from aiflame.agent.kernel.bpf_sys import (
     PERF_COUNT_SW_CPU_CLOCK,
     PERF_TYPE_HARDWARE,
     PERF_TYPE_SOFTWARE,
+    uprobe_session_supported,
 )
 from aiflame.agent.kernel.decode import CallRecord as CallRecord
 from aiflame.agent.kernel.decode import OffCpuEnd, OffCpuStack
@@ -84,6 +85,9 @@ class SamplerConfig:
     call_rate: int = LAUNCH_STACKS
     # Where target threads block and for how long (bpf/offcpu.bpf.c at sched_switch): built only when asked.
     off_cpu: bool = False
+    # With probes: one uprobe session link per file for both directions, so that a call whose return is not
+    # wanted (a launch counted without a record) costs one trap, not two. None: where the kernel has them (6.13+).
+    uprobe_session: bool | None = None
 
     @property
     def thinning(self) -> int:
@@ -204,18 +208,24 @@ class CpuSampler:
         self.maps_full: dict[str, int] = {}  # per-process map -> processes it had no room for
         self._off_cpu = OffCpuPairs()
         self.event_used = ""
+        self._session = False
 
     def start(self, pids: list[int], on_compile: Callable[[str], None] | None = None) -> None:
         """Load the program (`on_compile` is told when that means compiling it) and start sampling `pids`."""
         functions = {"on_sample": "perf_event"} | dict.fromkeys(UW_PROGS["uw_progs"], "perf_event")
-        if self.config.probes:
+        cflags = self.config.cflags()
+        session = self.config.uprobe_session
+        self._session = self.config.probes and (uprobe_session_supported() if session is None else session)
+        if self._session:  # on_call runs at returns too: tail calls must stay within one attach type
+            functions |= {"on_call": "uprobe_session"} | dict.fromkeys(UW_PROGS["uw_call_progs"], "uprobe_session")
+            cflags.append("-DAIFLAME_UPROBE_SESSION")
+        elif self.config.probes:
             functions |= {"on_call": "uprobe", "on_ret": "uprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
                                                                                    "uprobe")
         if self.config.off_cpu:  # tracepoint__sched__* come anyway
             functions |= dict.fromkeys(UW_PROGS["uw_off_progs"], "tracepoint")
         try:
-            self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS,
-                                        on_compile)
+            self._obj = bpf_object.load(program_text(self.config), cflags, functions, MAPS, on_compile)
         except HostError as e:
             raise HostError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:
@@ -408,14 +418,24 @@ class CpuSampler:
     def set_probe_spec(self, probe: int, spec: ProbeSpecRec) -> None:
         self._bpf.maps["probe_specs"].update(_U32.pack(probe), bytes(spec))
 
+    @property
+    def uprobe_session(self) -> bool:
+        """Whether runtime probes go in as session links (on_call runs at the returns its entry asks for)."""
+        return self._session
+
     def prog_fd(self, ret: bool) -> int:
-        """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics."""
-        return self._bpf.progs["on_ret" if ret else "on_call"]
+        """The loaded on_call (on_ret) program's fd, e.g. for run-time statistics; with session links on_call's
+        for both."""
+        return self._bpf.progs["on_ret" if ret and not self._session else "on_call"]
 
     def attach_probes(self, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> dict[int, str]:
         """Probe `sites` of `path` in every process (one uprobe_multi link where the kernel has them); the program
-        keeps target pids only. Returns, by probe id, why a site could not be probed."""
-        done, failed = attach_sites(self.prog_fd(ret), path, sites, ret=ret, multi=self._bpf.uprobe_multi)
+        keeps target pids only. Returns, by probe id, why a site could not be probed. With session links the
+        entry's link serves the return too: `ret` attaches nothing."""
+        if ret and self._session:
+            return {}
+        done, failed = attach_sites(self.prog_fd(ret), path, sites, ret=ret, multi=self._bpf.uprobe_multi,
+                                    session=self._session)
         self._uprobes += done
         return failed
 

@@ -3,7 +3,10 @@ cannot set cookies). Two ways in:
 - uprobe_multi links (kernel 6.6+): one link per file and direction holds all its probes, and closing it waits
   out one kernel grace period for all of them (32 perf-event uprobes in libtorch took 3-4 s to detach here,
   one uprobe_multi link 0.1 s);
-- else one perf event on the kernel's uprobe PMU per probe, linked with BPF_LINK_CREATE."""
+- else one perf event on the kernel's uprobe PMU per probe, linked with BPF_LINK_CREATE.
+Where the kernel has uprobe session links (6.13+), one link serves both directions: the program runs at a call's
+return only when its entry run asked for it (bpf/runtime_probes.bpf.c), and a call whose return nobody wants
+costs one trap instead of two."""
 
 from __future__ import annotations
 
@@ -98,12 +101,14 @@ def attach_uprobe(prog_fd: int, path: str, offset: int, cookie: int, *, ret: boo
     return Uprobe(path, (ProbeSite(offset, cookie, ref_ctr),), ret, (lfd, pfd))
 
 
-def attach_multi(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bool = False) -> Uprobe:
+def attach_multi(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bool = False,
+                 session: bool = False) -> Uprobe:
     """Probe every site of `path` in every process with one uprobe_multi link; `prog_fd` was loaded with the
-    expected attach type BPF_TRACE_UPROBE_MULTI. One bad site fails the whole link."""
+    expected attach type BPF_TRACE_UPROBE_MULTI (BPF_TRACE_UPROBE_SESSION with `session`). One bad site fails
+    the whole link."""
     try:
         fd = link_uprobe_multi(prog_fd, path, [s.offset for s in sites], [s.cookie for s in sites],
-                               [s.ref_ctr for s in sites], ret)
+                               [s.ref_ctr for s in sites], ret, session)
     except OSError as e:
         where = f"{path}+{sites[0].offset:#x}" if len(sites) == 1 else f"{len(sites)} sites of {path}"
         raise HostError(f"cannot probe {where}: {os.strerror(e.errno or 0)}") from None
@@ -111,22 +116,23 @@ def attach_multi(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bo
 
 
 def attach_sites(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bool = False,
-                 multi: bool = True) -> tuple[list[Uprobe], dict[int, str]]:
-    """Attach `sites` of `path` (as one uprobe_multi link with `multi`, else a perf event each). Returns what
+                 multi: bool = True, session: bool = False) -> tuple[list[Uprobe], dict[int, str]]:
+    """Attach `sites` of `path` (as one uprobe_multi link with `multi`, a session link with `session`, else a
+    perf event each). Returns what
     went in and, by cookie, the one-line reason each site that did not. A batch that fails is tried site by
     site, so one bad offset costs only itself."""
     if not sites:
         return [], {}
     if multi and len(sites) > 1:
         try:
-            return [attach_multi(prog_fd, path, sites, ret=ret)], {}
+            return [attach_multi(prog_fd, path, sites, ret=ret, session=session)], {}
         except HostError:
             pass
     done: list[Uprobe] = []
     failed: dict[int, str] = {}
     for s in sites:
         try:
-            done.append(attach_multi(prog_fd, path, [s], ret=ret) if multi else
+            done.append(attach_multi(prog_fd, path, [s], ret=ret, session=session) if multi else
                         attach_uprobe(prog_fd, path, s.offset, s.cookie, ret=ret, ref_ctr=s.ref_ctr))
         except HostError as e:
             failed[s.cookie] = str(e)

@@ -1,0 +1,90 @@
+"""A launch made inside a launch (cudart's cudaLaunchKernel reaching the driver's cuLaunchKernel) is one launch,
+and a launch counted without a record costs one trap: with uprobe session links (kernel 6.13+) its return is not
+probed, so the entry leaves its in_launch entry behind, and a later launch tells whether that one is still open
+by its stack (bpf/runtime_probes.bpf.c, launch_open). Each round of the program launches four kernels: one
+through a runtime call that calls the driver's, one that jumps to it as its last act, and two straight to the
+driver's, from the same depth and from deeper."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from aiflame.agent.kernel import bpf_sys
+from aiflame.agent.kernel.sampler import CallRecord, CpuSampler, ProbeRecord, RetRecord, SamplerConfig
+from aiflame.agent.kernel.uprobes import ProbeSite
+from aiflame.agent.runtimes.base import ARG0, ProbeSpec
+from aiflame.agent.runtimes.manager import spec_rec
+from aiflame.symbolize.objfmt.elf import ElfFile
+from tests.conftest import PROGRAMS
+
+ROUNDS = 20_000
+PROBES = {"rt_launch": 0, "rt_tail": 1, "drv_launch": 2}
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    exe = tmp_path_factory.mktemp("nest") / "launch_nest"
+    subprocess.run(["gcc", "-O2", "-fcf-protection=none", "-fno-inline", "-o", str(exe),
+                    str(PROGRAMS / "launch_nest.c")], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("session", [None, False], ids=["default", "no-session"])
+def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Path, session: bool | None) -> None:
+    # Oracle: the program's structure; each round launches kernels 1-4 once, 1 and 4 through the runtime's call
+    with ElfFile.open(program) as elf:
+        at = {n: elf.vaddr_to_file_offset(a) for n, a in elf.function_addresses(set(PROBES)).items()}
+    assert all(v is not None for v in at.values()) and len(at) == 3, at
+    records: list[ProbeRecord] = []
+    # 50 records a second per CPU (a burst of 64): nearly every launch is counted without a record
+    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, call_rate=50, uprobe_session=session),
+                         lambda s: None, lambda e: None, records.append)
+    proc = subprocess.Popen([str(program), str(ROUNDS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    stats = bpf_sys.enable_stats()
+    try:
+        sampler.start([proc.pid])
+        for name, probe in PROBES.items():
+            sampler.set_probe_spec(probe, spec_rec(ProbeSpec((name,), name, ret=True, stack=False,
+                                                             sample_arg=ARG0)))
+        sites = [ProbeSite(at[name] or 0, probe) for name, probe in PROBES.items()]
+        assert sampler.attach_probes(str(program), sites) == {}
+        assert sampler.attach_probes(str(program), sites, ret=True) == {}
+        progs = {sampler.prog_fd(False), sampler.prog_fd(True)}
+        before = sum(bpf_sys.prog_runs(fd)[1] for fd in progs)
+        out, _ = proc.communicate("go\n", timeout=120)
+        runs = sum(bpf_sys.prog_runs(fd)[1] for fd in progs) - before
+        sampler.poll()
+        unsent = sampler.take_unsent_calls()
+        counters = sampler.counters()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(stats)
+        sampler.close()
+    assert proc.returncode == 0 and out.strip() == str(ROUNDS * 15), out
+    assert counters["call_lost"] == 0, counters
+    counted: Counter[tuple[int, int]] = Counter()
+    for r in records:
+        if isinstance(r, CallRecord):
+            counted[(r.probe, r.args[0])] += r.calls
+    for pid, probe, arg, n in unsent:
+        assert pid == proc.pid
+        counted[(probe, arg)] += n
+    rt, tail, drv = PROBES["rt_launch"], PROBES["rt_tail"], PROBES["drv_launch"]
+    # the driver's launches inside rt_launch (kernel 1) and rt_tail (kernel 4) are theirs, not counted again
+    assert counted == Counter({(rt, 1): ROUNDS, (drv, 2): ROUNDS, (drv, 3): ROUNDS, (tail, 4): ROUNDS}), counted
+    rets = sum(isinstance(r, RetRecord) for r in records)
+    calls = sum(isinstance(r, CallRecord) for r in records)
+    assert 0 < calls < 0.05 * 4 * ROUNDS and rets == calls, (calls, rets)  # each record its return
+    entries = 6 * ROUNDS  # each round enters four launches and the two driver launches inside runtime ones
+    if sampler.uprobe_session:
+        # a return runs the program only for the launches sent with a record: one run per launch counted
+        assert runs == entries + rets, (runs, entries, rets)
+    else:
+        assert runs == 2 * entries, (runs, entries)  # on_ret runs at every return
