@@ -30,6 +30,9 @@ from launch_rate import PY_DRIVER, _build
 
 MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"],
          "probes_19hz": ["--no-gpu-samples", "-F", "19"]}
+# for comparison (--modes): each call's return probed on its own, as before uprobe session links
+MORE_MODES = {"probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
+              "probes_19hz_separate": ["--no-gpu-samples", "-F", "19", "--separate-return-probes"]}
 
 
 def _result(stdout: str) -> dict[str, float]:
@@ -47,7 +50,7 @@ def run(job: list[str], mode: str, out: Path, job_cpu: int, agent_cpu: int) -> d
     from aiflame.core.capture import read_capture
 
     cmd = ["taskset", "-c", str(agent_cpu), *aiflame_cmd("profile", "-q", "--force", "-o", str(out), "--formats",
-                                                        "folded", *MODES[mode], "--", *pinned)]
+                                                        "folded", *(MODES | MORE_MODES)[mode], "--", *pinned)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"aiflame profile ({mode}) failed ({proc.returncode}):\n{proc.stdout[-1500:]}"
@@ -88,8 +91,8 @@ def attach(job: list[str], modes: list[str], windows: int, seconds: float, tmp: 
             for m in modes:
                 out = tmp / f"attach{w}{m}"
                 subprocess.run(["taskset", "-c", "0", *aiflame_cmd(
-                    "profile", "-q", "--force", "-o", str(out), "--formats", "folded", *MODES[m], "--pid",
-                    str(proc.pid), "-d", str(seconds))], cwd=REPO, check=True, capture_output=True)
+                    "profile", "-q", "--force", "-o", str(out), "--formats", "folded", *(MODES | MORE_MODES)[m],
+                    "--pid", str(proc.pid), "-d", str(seconds))], cwd=REPO, check=True, capture_output=True)
                 cap = read_capture(out / "profile.aiflame")
                 assert cap.footer is not None
                 spans.append((m, cap.header.start_mono_ns, cap.footer.end_mono_ns))
@@ -119,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work-us", type=float, default=90, help="Python work before each launch, in us (90)")
     ap.add_argument("--python", default=sys.executable, help="the Python that runs the loop")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"comma-separated, of {', '.join(MODES | MORE_MODES)} (default {','.join(MODES)})")
     ap.add_argument("--attach", type=int, default=0, metavar="WINDOWS",
                     help="instead of a job per run, one job and `profile --pid` attached WINDOWS times per mode for "
                          "--seconds each, each window against the gaps beside it")
@@ -128,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("launch_steps: skipped, needs two CPUs (the job pinned to one, aiflame to the other)")
         return 0
     modes = a.modes.split(",")
-    if unknown := set(modes) - set(MODES):
-        raise SystemExit(f"launch_steps: unknown mode(s) {', '.join(sorted(unknown))} (known: {', '.join(MODES)})")
+    if unknown := set(modes) - set(MODES | MORE_MODES):
+        raise SystemExit(f"launch_steps: unknown mode(s) {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(MODES | MORE_MODES)})")
     rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="aiflame-launch-steps-") as tmp:
         lib = _build(Path(tmp), shared=True)

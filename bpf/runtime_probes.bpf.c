@@ -334,26 +334,29 @@ static __always_inline int call_entry(struct pt_regs *ctx) {
     rec->calls = 1;
     if (spec->flags & PROBE_SAMPLE) {
         u32 tid = (u32)id;
+        struct launch_in *outer = NULL;
         if (spec->flags & PROBE_RET) {
-            struct launch_in *outer = in_launch.lookup(&tid);
+            outer = in_launch.lookup(&tid);
             if (outer && rec->time_ns - outer->time_ns < 1000000000ull && launch_open(outer, ctx->sp, probe))
                 return SKIP_RET;
         }
         struct sample_key key = {tgid, probe, rec->args[spec->sample_arg & 7]};
         /* one write to in_launch a launch, that also says whether its return is to be sent: at 10k launches a
-         * second every map write is a cost the launching thread pays */
+         * second every map write is a cost the launching thread pays. The thread's entry left by its last launch
+         * (session links) is written over in place, without a second hash walk. */
         struct launch_in mine = {probe, 0, rec->time_ns, ctx->sp, top[0]};
-        if (!call_budget_take(rec->time_ns)) {
+        int sent = call_budget_take(rec->time_ns);
+        if (!sent)
+            mine.flags = LAUNCH_SKIPPED;
+        if (outer)
+            *outer = mine;
+        else if (spec->flags & PROBE_RET)
+            in_launch.update(&tid, &mine);
+        if (!sent) {
             count_unsent(&key, 1);
-            if (spec->flags & PROBE_RET) {
-                mine.flags = LAUNCH_SKIPPED;
-                in_launch.update(&tid, &mine);
-            }
             count(CNT_CALL_SKIPPED);
             return SKIP_RET;
         }
-        if (spec->flags & PROBE_RET)
-            in_launch.update(&tid, &mine);
         u64 *skipped = call_skipped.lookup(&key);
         if (skipped && *skipped) {
             rec->calls += (u32)*skipped;

@@ -125,8 +125,9 @@ def load(text: str, cflags: list[str], functions: dict[str, str], maps: list[str
          on_compile: Callable[[str], None] | None = None, cache: BpfCache | None = None) -> BpfObject:
     """Compile and load `text` in the compiler process, or load it from the compile cache when compiled before
     (`cache`: BpfCache.from_env() when None). `functions`: program name -> "kprobe", "uprobe" (for uprobe_multi
-    links where the kernel has them), "uprobe_session" (for uprobe session links), "perf_event" or "tracepoint" (tracepoint__* programs come anyway); `maps`:
-    the names to hand over. `on_compile` is told (one line) before a compile starts."""
+    links where the kernel has them), "uprobe_session" (for uprobe session links), "perf_event" or "tracepoint"
+    (tracepoint__* programs come anyway); `maps`: the names to hand over. `on_compile` is told (one line) before a
+    compile starts."""
     request = {"text": text, "cflags": cflags, "functions": functions, "maps": maps}
     cache = cache if cache is not None else BpfCache.from_env()
     key = bpf_cache.cache_key(request) if cache.path is not None else ""

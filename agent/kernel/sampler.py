@@ -90,6 +90,13 @@ class SamplerConfig:
     uprobe_session: bool | None = None
 
     @property
+    def session(self) -> bool:
+        """Whether runtime probes go in through uprobe session links (asking the kernel when not told)."""
+        if not self.probes:
+            return False
+        return uprobe_session_supported() if self.uprobe_session is None else self.uprobe_session
+
+    @property
     def thinning(self) -> int:
         return self.keep_one_in or oversample_for(self.frequency)
 
@@ -118,6 +125,8 @@ class SamplerConfig:
             flags.append("-DAIFLAME_FOLLOW")
         if self.all_processes:
             flags.append("-DAIFLAME_ALL")
+        if self.session:
+            flags.append("-DAIFLAME_UPROBE_SESSION")
         return flags
 
 
@@ -213,19 +222,17 @@ class CpuSampler:
     def start(self, pids: list[int], on_compile: Callable[[str], None] | None = None) -> None:
         """Load the program (`on_compile` is told when that means compiling it) and start sampling `pids`."""
         functions = {"on_sample": "perf_event"} | dict.fromkeys(UW_PROGS["uw_progs"], "perf_event")
-        cflags = self.config.cflags()
-        session = self.config.uprobe_session
-        self._session = self.config.probes and (uprobe_session_supported() if session is None else session)
+        self._session = self.config.session
         if self._session:  # on_call runs at returns too: tail calls must stay within one attach type
             functions |= {"on_call": "uprobe_session"} | dict.fromkeys(UW_PROGS["uw_call_progs"], "uprobe_session")
-            cflags.append("-DAIFLAME_UPROBE_SESSION")
         elif self.config.probes:
             functions |= {"on_call": "uprobe", "on_ret": "uprobe"} | dict.fromkeys(UW_PROGS["uw_call_progs"],
                                                                                    "uprobe")
         if self.config.off_cpu:  # tracepoint__sched__* come anyway
             functions |= dict.fromkeys(UW_PROGS["uw_off_progs"], "tracepoint")
         try:
-            self._obj = bpf_object.load(program_text(self.config), cflags, functions, MAPS, on_compile)
+            self._obj = bpf_object.load(program_text(self.config), self.config.cflags(), functions, MAPS,
+                                        on_compile)
         except HostError as e:
             raise HostError(f"cannot load the BPF sampler: {e} (see `aiflame doctor`)") from None
         try:

@@ -86,6 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          "0: all); "
                          "launches beyond are counted per GPU kernel in BPF and carried by the next record of "
                          "the same kernel, so counts stay exact and nothing is lost")
+    rt.add_argument("--separate-return-probes", action="store_true",
+                    help="attach each probed call's return on its own, as on kernels before 6.13, instead of one "
+                         "uprobe session link that skips the return of launches counted without a record "
+                         "(for comparison)")
     gs = p.add_argument_group("accelerator stall samples (NVIDIA CUPTI in targets started with -- CMD; Intel xe)")
     gs.add_argument("--no-gpu-samples", action="store_true",
                     help="do not load the CUPTI PC-sampling collector into the command, nor open Xe EU stall streams")
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     runtimes = not args.no_runtimes and not args.all  # probes stop a target at library opens: never host-wide
     sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command),
                             probes=runtimes, call_rate=args.launch_stacks, all_processes=args.all,
-                            off_cpu=args.off_cpu)
+                            off_cpu=args.off_cpu, uprobe_session=False if args.separate_return_probes else None)
     if args.print_bpf:
         print(bpf_source(sampler))
         return 0
