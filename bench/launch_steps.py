@@ -72,9 +72,10 @@ def _rate(log: list[tuple[int, int]], a: int, b: int) -> float:
     return (inside[-1][1] - inside[0][1]) / ((inside[-1][0] - inside[0][0]) / 1e9)
 
 
-def attach(job: list[str], modes: list[str], windows: int, seconds: float, tmp: Path) -> dict[str, object]:
+def attach(job: list[str], modes: list[str], windows: int, seconds: float, tmp: Path,
+           settle_s: float = 0.5) -> dict[str, object]:
     """One job for the whole bench; `aiflame profile --pid` attaches for `seconds` at a time, each mode in turn,
-    with as long a gap between captures. Each window's rate (from 0.5 s after the capture began to its end) is
+    with as long a gap between captures. Each window's rate (from `settle_s` after the capture began to its end) is
     compared with the gaps on either side of it: the VM's speed drifts over tens of seconds, and the windows
     are compared with their neighbours only."""
     from aiflame.core.capture import read_capture
@@ -107,7 +108,7 @@ def attach(job: list[str], modes: list[str], windows: int, seconds: float, tmp: 
     for i, (m, a, b) in enumerate(spans):
         before = _rate(log, (spans[i - 1][2] if i else log[0][0]) + 500_000_000, a)
         after = _rate(log, b + 500_000_000, spans[i + 1][1] if i + 1 < len(spans) else log[-1][0])
-        inside = _rate(log, a + 500_000_000, b)
+        inside = _rate(log, a + int(settle_s * 1e9), b)
         if before and after and inside:
             ratios[m].append(inside / ((before + after) / 2))
     for m, rs in ratios.items():
@@ -124,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--python", default=sys.executable, help="the Python that runs the loop")
     ap.add_argument("--modes", default=",".join(MODES),
                     help=f"comma-separated, of {', '.join(MODES | MORE_MODES)} (default {','.join(MODES)})")
+    ap.add_argument("--settle", type=float, default=0.5, metavar="S",
+                    help="with --attach: each window's rate from S seconds after its capture began (0.5)")
     ap.add_argument("--attach", type=int, default=0, metavar="WINDOWS",
                     help="instead of a job per run, one job and `profile --pid` attached WINDOWS times per mode for "
                          "--seconds each, each window against the gaps beside it")
@@ -143,9 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         spin = int(json.loads(cal.stdout)["spin"])
         job = [a.python, str(PY_DRIVER), str(lib), str(a.seconds), "steps", str(spin)]
         if a.attach:
-            found = attach(job, modes, a.attach, a.seconds, Path(tmp))
-            save("launch_steps_attach", {"bench": "launch_steps --attach", "seconds": a.seconds, "spin": spin,
-                                         "work_us": a.work_us, "modes": found, **conditions()})
+            found = attach(job, modes, a.attach, a.seconds, Path(tmp), a.settle)
+            save("launch_steps_attach", {"bench": "launch_steps --attach", "seconds": a.seconds, "settle_s": a.settle,
+                                         "spin": spin, "work_us": a.work_us, "modes": found, **conditions()})
             return 0
         for r in range(a.rounds):
             row = {m: run(job, m, Path(tmp) / f"{m}{r}", 1, 0) for m in ("alone", *modes)}
