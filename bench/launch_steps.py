@@ -4,7 +4,7 @@ launches, each after some microseconds of Python work as a step's dispatch is (b
 once but is made and probed). The job runs pinned to one CPU and aiflame to another, as on a GPU host where the
 agent does not share the training thread's core: what is left is what the job itself pays (BPF at its samples and
 probes, the kernel's uprobe traps). Rounds interleave: alone, `profile` with CPU sampling only, with the runtime
-probes, and with the probes at 19 Hz (the daemon's rate); the ratios are medians over rounds of each profiled
+probes, and with the daemon's defaults (19 Hz, 20 launch stacks a second); the ratios are medians over rounds of each profiled
 run's steps/s against the alone run of its round, and the same for steps per second of the job's own CPU time
 (`process_time`: what the job paid, interrupts and uprobe traps included, less sensitive to the VM's speed
 swings). Results: bench/results/launch_steps.json.
@@ -28,10 +28,13 @@ from pathlib import Path
 from common import REPO, aiflame_cmd, conditions, save
 from launch_rate import PY_DRIVER, _build
 
+# "daemon": the daemon's defaults (agent/daemon/config.py: 19 Hz of cpu-clock, 20 launch stacks a second per CPU)
 MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"],
-         "probes_19hz": ["--no-gpu-samples", "-F", "19"]}
-# for comparison (--modes): each call's return probed on its own, as before uprobe session links
-MORE_MODES = {"probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
+         "daemon": ["--no-gpu-samples", "-F", "19", "--event", "cpu-clock", "--launch-stacks", "20"]}
+# for comparison (--modes): profile's launch stacks at the daemon's rate, and each call's return probed on its own
+# (as before uprobe session links)
+MORE_MODES = {"probes_19hz": ["--no-gpu-samples", "-F", "19"],
+              "probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
               "probes_19hz_separate": ["--no-gpu-samples", "-F", "19", "--separate-return-probes"]}
 
 
@@ -156,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"round {r}: " + ", ".join(f"{m} {v['steps_per_s']:.1f} steps/s ({v['steps_per_cpu_s']:.1f} a "
                                              "CPU second)" for m, v in row.items()) +
                   "; " + ", ".join(f"{m} {v['calls_counted']:.0f} launches counted, {v['calls_lost']:.0f} lost"
-                                   for m, v in row.items() if m in ("probes", "probes_19hz")), flush=True)
+                                   for m, v in row.items() if m != "alone" and m != "cpu"), flush=True)
     summary: dict[str, object] = {}
     alone = statistics.median(r["alone"]["steps_per_s"] for r in rounds)
     print(f"alone: {alone:.1f} steps/s ({alone * 100:.0f} launches/s) median of {a.rounds}")

@@ -33,6 +33,10 @@ class ContinuousConfig:
     frequency: int = 19  # samples per second per CPU
     window_s: float = 60.0  # length of one rolling window
     runtimes: bool = True  # probe accelerator runtime calls (CUDA, NCCL, gloo, Level Zero) in targets
+    # kernel launches recorded with their stack a second per CPU; those beyond are counted per kernel in BPF. Each
+    # record costs the launching thread a stack walk (~12 us on a deep Python stack): at the daemon's rate the
+    # launch view needs a few a second, not profile's 300.
+    launch_stacks: int = 20
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Check]]] = {
     }),
     "continuous": (ContinuousConfig, {
         "frequency": _int(1, 1000), "window_s": _number(1, 86400), "runtimes": _bool,
+        "launch_stacks": _int(0, 1_000_000),
     }),
     "output": (OutputConfig, {"dir": _abs_path, "formats": _formats}),
     "retention": (RetentionConfig, {

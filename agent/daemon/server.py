@@ -131,7 +131,8 @@ class Daemon:
 
     def _new_collector(self) -> Collector:
         c = self.cfg.continuous
-        sampler = SamplerConfig(frequency=c.frequency, event="cpu-clock", max_targets=self.cfg.limits.max_targets * 8)
+        sampler = SamplerConfig(frequency=c.frequency, event="cpu-clock", max_targets=self.cfg.limits.max_targets * 8,
+                                call_rate=c.launch_stacks)
         collector = Collector(sampler, c.runtimes, "continuous", self.cfg.limits.max_probed_libraries)
         t0 = time.monotonic()
         collector.start()
@@ -243,8 +244,8 @@ class Daemon:
             self._prepare_output()
         self.windows.reconfigure(new, self.out)
         self.captures.reconfigure(new, self.out)
-        resample = (new.continuous.frequency, new.continuous.runtimes) != (old.continuous.frequency,
-                                                                          old.continuous.runtimes)
+        resample = ((new.continuous.frequency, new.continuous.runtimes, new.continuous.launch_stacks)
+                    != (old.continuous.frequency, old.continuous.runtimes, old.continuous.launch_stacks))
         if resample or new.output.dir != old.output.dir:
             self.windows.close("reload")
             if resample:

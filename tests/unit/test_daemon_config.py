@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 def test_defaults_without_a_file(tmp_path: Path) -> None:
     cfg = parse_config("")
-    assert cfg.continuous.frequency == 19 and cfg.continuous.window_s == 60
+    assert cfg.continuous.frequency == 19 and cfg.continuous.window_s == 60 and cfg.continuous.launch_stacks == 20
     assert cfg.output.dir == Path("/var/lib/aiflame") and cfg.watch.accelerators
     assert cfg.control.socket == Path("/run/aiflame/agent.sock")
 
@@ -37,6 +37,7 @@ def test_values_are_read() -> None:
         [continuous]
         frequency = 49
         window_s = 5.5
+        launch_stacks = 0
         [output]
         dir = "/srv/prof"
         formats = ["folded", "svg"]
@@ -45,7 +46,7 @@ def test_values_are_read() -> None:
         max_total_mb = 10
     """, "t.toml")
     assert cfg.watch.names == ("train*",) and cfg.watch.cmdlines == ("--model\\s",)
-    assert cfg.continuous.frequency == 49 and cfg.continuous.window_s == 5.5
+    assert cfg.continuous.frequency == 49 and cfg.continuous.window_s == 5.5 and cfg.continuous.launch_stacks == 0
     assert cfg.output.dir == Path("/srv/prof") and cfg.output.formats == ("folded", "svg")
     assert cfg.retention.max_total_mb == 10 and cfg.source == "t.toml"
 
@@ -57,6 +58,7 @@ def test_values_are_read() -> None:
     ("[continuous]\nfrequency = 0\n", "[continuous] frequency: 0 is out of range"),
     ("[continuous]\nfrequency = 19.5\n", "expected an integer"),
     ("[continuous]\nwindow_s = true\n", "expected a number"),
+    ("[continuous]\nlaunch_stacks = -1\n", "[continuous] launch_stacks: -1 is out of range"),
     ("[watch]\ncmdlines = ['(']\n", "bad regular expression"),
     ("[watch]\nnames = 'python'\n", "expected a list of strings"),
     ("[watch]\ncgroups = ['system.slice']\n", "cgroup paths start with '/'"),
@@ -85,8 +87,8 @@ def test_unreadable_file(tmp_path: Path) -> None:
 
 _scalars = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False), st.booleans(), st.text(max_size=12),
                      st.lists(st.text(max_size=8), max_size=3))
-_keys = st.sampled_from(["frequency", "window_s", "runtimes", "names", "cmdlines", "cgroups", "dir", "formats",
-                         "max_age_h", "socket", "nice", "bogus"])
+_keys = st.sampled_from(["frequency", "window_s", "runtimes", "launch_stacks", "names", "cmdlines", "cgroups", "dir",
+                         "formats", "max_age_h", "socket", "nice", "bogus"])
 _sections = st.sampled_from(["watch", "continuous", "output", "retention", "trigger", "limits", "control", "x"])
 
 

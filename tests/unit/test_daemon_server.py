@@ -14,6 +14,7 @@ from aiflame.agent.daemon.config import ContinuousConfig, ControlConfig, DaemonC
 from aiflame.agent.daemon.discovery import ProcInfo
 from aiflame.agent.daemon.protocol import LatestRequest, StatusRequest
 from aiflame.agent.daemon.server import Daemon
+from aiflame.agent.kernel.sampler import SamplerConfig
 
 
 class FakeDiscovery:
@@ -115,3 +116,26 @@ def test_latest_windows_and_status(daemon: Daemon, monkeypatch: pytest.MonkeyPat
     assert s["windows_written"] == 4 and s["samples_total"] == 105 and s["counters"] == {"lost": 2}
     assert s["captures_written"] == 1 and s["probed_libraries"] == 3 and s["rss_mb"] > 0
     assert s["agent_cpu_s"] >= 0
+
+
+def test_continuous_sampler_takes_the_launch_stack_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[tuple[SamplerConfig, bool]] = []
+
+    class Made(FakeCollector):
+        def __init__(self, sampler: SamplerConfig, runtimes: bool, label: str, max_probed_libraries: int) -> None:
+            super().__init__([])
+            made.append((sampler, runtimes))
+            self.sampler = SimpleNamespace(watch=lambda fd: None)
+
+        def start(self) -> None:
+            pass
+
+        def drain_interval(self, poll_s: float) -> float:
+            return poll_s
+
+    monkeypatch.setattr("aiflame.agent.daemon.server.Collector", Made)
+    cfg = DaemonConfig(continuous=ContinuousConfig(frequency=19, launch_stacks=5), output=OutputConfig(dir=tmp_path),
+                       control=ControlConfig(socket=tmp_path / "agent.sock"))
+    Daemon(cfg)._new_collector()
+    (sampler, runtimes), = made
+    assert runtimes and sampler.call_rate == 5 and sampler.frequency == 19
