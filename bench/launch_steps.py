@@ -4,10 +4,10 @@ launches, each after some microseconds of Python work as a step's dispatch is (b
 once but is made and probed). The job runs pinned to one CPU and aiflame to another, as on a GPU host where the
 agent does not share the training thread's core: what is left is what the job itself pays (BPF at its samples and
 probes, the kernel's uprobe traps). Rounds interleave: alone, `profile` with CPU sampling only, with the runtime
-probes, and with the daemon's defaults (19 Hz, 20 launch stacks a second); the ratios are medians over rounds of each profiled
-run's steps/s against the alone run of its round, and the same for steps per second of the job's own CPU time
-(`process_time`: what the job paid, interrupts and uprobe traps included, less sensitive to the VM's speed
-swings). Results: bench/results/launch_steps.json.
+probes, and with the daemon's defaults (19 Hz, 20 launch stacks a second); the ratios are medians over rounds of
+each profiled run's steps/s against the alone run of its round, and the same for steps per second of the job's
+own CPU time (`process_time`: what the job paid, interrupts and uprobe traps included, less sensitive to the VM's
+speed swings). Results: bench/results/launch_steps.json.
 
     python bench/launch_steps.py [--seconds 10] [--rounds 5] [--work-us 90] [--python PY] [--attach WINDOWS]
 """
