@@ -14,6 +14,7 @@ one starting with lea show what that costs.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import statistics
@@ -93,8 +94,13 @@ def _bpf_stats(on: bool) -> bool:
     return was
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from bcc import BPF
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--separate-return-probes", action="store_true",
+                    help="our probes' returns attached on their own (as before uprobe session links, kernel 6.13)")
+    args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="aiflame-uprobe-"))
     (work / "t.c").write_text(SOURCE)
@@ -122,7 +128,8 @@ def main() -> int:
         loop_ns(fn)  # warm
         return statistics.median(loop_ns(fn) for _ in range(reps))
 
-    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, ringbuf_pages=8192),
+    session = False if args.separate_return_probes else None
+    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, ringbuf_pages=8192, uprobe_session=session),
                          lambda s: None, lambda e: None, lambda r: None)
     sampler.start([proc.pid])
     bare = BPF(text=BARE)
@@ -196,12 +203,13 @@ def main() -> int:
                                        / results["bare_uprobe_entry_return_ns_per_call"])
     print(f"entry {results['entry_vs_bare']:.2f}x, entry + return {results['entry_return_vs_bare']:.2f}x "
           f"a bare uprobe; {lost} records lost", flush=True)
-    out = {"bench": "uprobe_cost", "calls_per_run": N, "reps": REPS, "rounds": ROUNDS, **results,
+    out = {"bench": "uprobe_cost", "uprobe_session": sampler.uprobe_session, "calls_per_run": N, "reps": REPS,
+           "rounds": ROUNDS, **results,
            "method": f"one C loop; {ROUNDS} interleaved rounds of every configuration, each the median of {REPS} "
                      "timed loops; medians over rounds; BPF program time from kernel.bpf_stats_enabled",
            **conditions()}
     print(json.dumps(out))
-    save("uprobe_cost", out)
+    save("uprobe_cost_separate" if args.separate_return_probes else "uprobe_cost", out)
     return 0
 
 

@@ -167,7 +167,8 @@ static __always_inline u64 probe_source(struct call_rec *rec, s16 src) {
 #ifndef AIFLAME_CALL_INTERVAL_NS
 #define AIFLAME_CALL_INTERVAL_NS 0 /* no budget: every call is recorded */
 #endif
-#define AIFLAME_CALL_BURST_NS (AIFLAME_CALL_INTERVAL_NS * 64)
+/* u64: at under 30 records a second the int product overflowed, and the budget never ran out */
+#define AIFLAME_CALL_BURST_NS ((u64)AIFLAME_CALL_INTERVAL_NS * 64)
 
 /* Whether this CPU may send one more PROBE_SAMPLE record now (a token bucket of 64 records, refilled one record
  * every AIFLAME_CALL_INTERVAL_NS). */

@@ -5,6 +5,7 @@ one; nothing is lost; the launch view and summary weigh records by the launches 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -67,3 +68,16 @@ def test_without_a_budget_every_launch_has_its_record(loop: Path, tmp_path: Path
     assert cap.footer is not None and not cap.footer.counters.get("call_skipped")
     launches = [e for e in cap.events if e.kind == "compute"]
     assert len(launches) == sum(made.values()) and all("calls" not in e.args for e in launches)
+
+
+def test_a_low_budget_holds(loop: Path, tmp_path: Path) -> None:
+    # Oracle: the budget's own arithmetic (a burst of 64 records, then --launch-stacks a second per CPU) against
+    # the program's count of the launches it made. At under 30 a second the burst once overflowed an int and every
+    # launch was recorded, with its stack walk.
+    made, path = _run(loop, tmp_path, "--launch-stacks", "5", seconds=3, rate=5000)
+    cap = read_capture(path)
+    assert cap.footer is not None and cap.footer.counters["call_lost"] == 0
+    launches = [e for e in cap.events if e.kind == "compute"]
+    cpus = len(os.sched_getaffinity(0))
+    assert len(launches) <= cpus * (64 + 5 * 5), len(launches)  # 3 s of launches, plus start and end
+    assert sum(int(e.args.get("calls", 1)) for e in launches) == sum(made.values())
