@@ -5,7 +5,8 @@ samples whose walk reached the outermost frame, the share of launches under a Py
 whole run's, and over the loop's timed steps alone) and peak RSS.
 
 Modes: `cpu` (CPU sampling only, --no-runtimes --no-gpu-samples), `probes` (CPU sampling and runtime probes, no
-CUPTI), `full` (the defaults: CUPTI too, with a GPU). On a GPU host: `bash .gpu/host.sh python3 bench/gpu_host.py`.
+CUPTI), `full` (the defaults: CUPTI too, with a GPU), `probes_separate` (returns probed on their own), `daemon`
+(the daemon's defaults). On a GPU host: `bash .gpu/host.sh python3 bench/gpu_host.py`.
 Without a GPU, `--device cpu` runs the same loop on the CPU with the CPU build of torch (no launches: a proxy for
 the CPU side only). Results: bench/results/gpu_host.json.
 
@@ -31,7 +32,11 @@ from common import REPO, RESULTS, aiflame_cmd, vm_hwm_kb
 LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
 FREQ: list[str] = []  # --frequency: -F for aiflame profile
 PYTHON = [sys.executable]  # the interpreter running the loop (--python: a side venv with the CUDA build of torch)
-MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"], "full": []}
+MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"], "full": [],
+         # each call's return probed on its own (before uprobe session links): the launch counts must match probes'
+         "probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
+         # the daemon's defaults (agent/daemon/config.py)
+         "daemon": ["--no-gpu-samples", "-F", "19", "--event", "cpu-clock", "--launch-stacks", "20"]}
 
 
 def _steps(stdout: str) -> dict[str, float]:

@@ -26,7 +26,10 @@ run)
     fi
     export PYTHONPATH=$T${PYTHONPATH:+:$PYTHONPATH} PATH=$PATH:/usr/local/cuda/bin
     nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
-    exec python3 -m pytest -p no:cacheprovider -rs -v tests/integration/test_gpu_host.py "$@"
+    # test_launch_budget on a GPU: cudart's launches reach the driver's probed cuLaunchKernel for real, and the
+    # per-kernel counts must still equal the program's own (one launch, not two; with or without return probes)
+    exec python3 -m pytest -p no:cacheprovider -rs -v tests/integration/test_gpu_host.py \
+        tests/integration/test_launch_budget.py "$@"
     ;;
 *)
     echo "usage: scripts/gpu-tests.sh bundle | run [PYTEST ARGS]" >&2
