@@ -132,7 +132,7 @@ struct proc_rec {
 #define PROBE_OUT 4     /* at return, read the u64 the call wrote at its entry argument out_arg */
 #define PROBE_STOP 8    /* stop the process (SIGSTOP) and wake the agent, which continues it (e.g. at exit()) */
 #define PROBE_REGS 16   /* args[0-5] hold the registers regs[] names instead (USDT probes: any register) */
-#define PROBE_RET 32    /* the call has a return probe: the kernel swaps its return address for a trampoline */
+#define PROBE_RET 32    /* the call has a return probe (with session links: when its entry run asks for it) */
 /* Launches: past one record every AIFLAME_CALL_INTERVAL_NS per CPU (a burst of 64) a call is only counted, per (process, probe,
  * args[sample_arg]) in call_skipped, and the next record kept for that key carries the count in `calls`: every
  * call is counted, per kernel, and the stacks kept stand for the calls around them. */

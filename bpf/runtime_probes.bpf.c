@@ -78,6 +78,7 @@ struct launch_in {
     u64 time_ns;
     u64 sp; /* at its entry: where its return address is */
     u64 ra;
+    u64 ip; /* the probed address: which function (one probe id may name several) */
 };
 BPF_TABLE("lru_hash", u32, struct launch_in, in_launch, 16384);
 BPF_ARRAY(layout_call, struct call_rec, 1);
@@ -200,22 +201,23 @@ static __always_inline void count_unsent(struct sample_key *key, u64 n) {
         count(CNT_CALL_LOST);
 }
 
-/* Whether the launch `outer` of this thread is still running, seen from launch `probe` entered at `sp`. A launch
- * whose return runs on_call deletes its entry there. One whose return does not is open while its return address
- * is still where it was pushed and the new call is deeper, or as deep and another probe (a launch that jumps to
- * the driver's as its last act): once it returned, its caller's next call or push overwrites the slot. Two ways
- * to be wrong, both needing launches of different probes that are not nested: a caller that moves its stack
- * pointer down without writing the slot and calls down to one, and one call site that calls both through a
- * pointer. */
-static __always_inline int launch_open(struct launch_in *outer, u64 sp, u32 probe) {
+/* Whether the launch `outer` of this thread is still running, seen from a launch entered at `ip` and `sp`. A
+ * launch whose return runs on_call deletes its entry there. One whose return does not is open while its return
+ * address is still where it was pushed, or the kernel's uretprobe trampoline is (another tool's return probe on
+ * the same function: a page-aligned address, see walk.h), and the new call is deeper, or as deep and another
+ * function (a launch that jumps to the driver's as its last act): once it returned, its caller's next call or
+ * push overwrites the slot. Two ways to be wrong, both needing launches of different functions that are not
+ * nested: a caller that moves its stack pointer down without writing the slot and calls down to one, and one
+ * call site that calls both through a pointer. */
+static __always_inline int launch_open(struct launch_in *outer, u64 ip, u64 sp) {
     if (!(outer->flags & LAUNCH_NORET))
         return 1;
-    if (sp > outer->sp || (sp == outer->sp && probe == outer->probe))
+    if (sp > outer->sp || (sp == outer->sp && ip == outer->ip))
         return 0;
     u64 slot = 0;
     if (bpf_probe_read_user(&slot, sizeof(slot), (void *)outer->sp) != 0)
         return 0;
-    return slot == outer->ra;
+    return slot == outer->ra || (slot && !(slot & 0xfff));
 }
 
 /* A call whose return the kernel hijacks: its return address, for the CFI walk (walk.h) to see through the
@@ -338,14 +340,17 @@ static __always_inline int call_entry(struct pt_regs *ctx) {
         struct launch_in *outer = NULL;
         if (spec->flags & PROBE_RET) {
             outer = in_launch.lookup(&tid);
-            if (outer && rec->time_ns - outer->time_ns < 1000000000ull && launch_open(outer, ctx->sp, probe))
+            /* the age limit is for entries a return deletes (a thread that died inside a launch); one left behind
+             * is told by its slot */
+            if (outer && ((outer->flags & LAUNCH_NORET) || rec->time_ns - outer->time_ns < 1000000000ull) &&
+                launch_open(outer, ctx->ip, ctx->sp))
                 return SKIP_RET;
         }
         struct sample_key key = {tgid, probe, rec->args[spec->sample_arg & 7]};
         /* one write to in_launch a launch, that also says whether its return is to be sent: at 10k launches a
          * second every map write is a cost the launching thread pays. The thread's entry left by its last launch
          * (session links) is written over in place, without a second hash walk. */
-        struct launch_in mine = {probe, 0, rec->time_ns, ctx->sp, top[0]};
+        struct launch_in mine = {probe, 0, rec->time_ns, ctx->sp, top[0], ctx->ip};
         int sent = call_budget_take(rec->time_ns);
         if (!sent)
             mine.flags = LAUNCH_SKIPPED;

@@ -27,7 +27,8 @@ run)
     export PYTHONPATH=$T${PYTHONPATH:+:$PYTHONPATH} PATH=$PATH:/usr/local/cuda/bin
     nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
     # test_launch_budget on a GPU: cudart's launches reach the driver's probed cuLaunchKernel for real, and the
-    # per-kernel counts must still equal the program's own (one launch, not two; with or without return probes)
+    # per-kernel counts must still equal the program's own (one launch, not two; the return of a launch counted
+    # without a record is not probed where the GPU host's kernel has uprobe session links, 6.13+)
     exec python3 -m pytest -p no:cacheprovider -rs -v tests/integration/test_gpu_host.py \
         tests/integration/test_launch_budget.py "$@"
     ;;

@@ -118,9 +118,8 @@ def attach_multi(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bo
 def attach_sites(prog_fd: int, path: str, sites: Sequence[ProbeSite], *, ret: bool = False,
                  multi: bool = True, session: bool = False) -> tuple[list[Uprobe], dict[int, str]]:
     """Attach `sites` of `path` (as one uprobe_multi link with `multi`, a session link with `session`, else a
-    perf event each). Returns what
-    went in and, by cookie, the one-line reason each site that did not. A batch that fails is tried site by
-    site, so one bad offset costs only itself."""
+    perf event each). Returns what went in and, by cookie, the one-line reason each site that did not. A batch
+    that fails is tried site by site, so one bad offset costs only itself."""
     if not sites:
         return [], {}
     if multi and len(sites) > 1:

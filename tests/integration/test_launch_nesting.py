@@ -34,8 +34,18 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-@pytest.mark.parametrize("session", [None, False], ids=["default", "no-session"])
-def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Path, session: bool | None) -> None:
+def _bare_return_probe(path: Path, offsets: list[int]) -> tuple[int, int]:
+    """Another tool's return probes on `offsets` (a program that does nothing): while they are attached the
+    kernel hijacks every return there, whatever our entry run asked. Returns the program and link fds."""
+    prog = bpf_sys.prog_load(bpf_sys.BPF_PROG_TYPE_KPROBE, bytes.fromhex("b7000000000000009500000000000000"), "GPL",
+                             name="bare_ret", expected_attach_type=bpf_sys.BPF_TRACE_UPROBE_MULTI)
+    return prog, bpf_sys.link_uprobe_multi(prog, str(path), offsets, [0] * len(offsets), [0] * len(offsets), True)
+
+
+@pytest.mark.parametrize(("session", "other"), [(None, False), (False, False), (None, True)],
+                         ids=["default", "no-session", "another-return-probe"])
+def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Path, session: bool | None,
+                                                                     other: bool) -> None:
     # Oracle: the program's structure; each round launches kernels 1-4 once, 1 and 4 through the runtime's call
     with ElfFile.open(program) as elf:
         at = {n: elf.vaddr_to_file_offset(a) for n, a in elf.function_addresses(set(PROBES)).items()}
@@ -46,7 +56,10 @@ def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Pat
                          lambda s: None, lambda e: None, records.append)
     proc = subprocess.Popen([str(program), str(ROUNDS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     stats = bpf_sys.enable_stats()
+    bare: tuple[int, int] | None = None
     try:
+        if other:
+            bare = _bare_return_probe(program, [at["rt_launch"] or 0, at["rt_tail"] or 0])
         sampler.start([proc.pid])
         for name, probe in PROBES.items():
             sampler.set_probe_spec(probe, spec_rec(ProbeSpec((name,), name, ret=True, stack=False,
@@ -66,6 +79,8 @@ def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Pat
             proc.kill()
             proc.wait()
         os.close(stats)
+        for fd in bare or ():
+            os.close(fd)
         sampler.close()
     assert proc.returncode == 0 and out.strip() == str(ROUNDS * 15), out
     assert counters["call_lost"] == 0, counters

@@ -7,23 +7,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-__attribute__((noinline)) long drv_launch(long kernel) {
+__attribute__((noipa)) long drv_launch(long kernel) {
     __asm__ volatile("" ::: "memory");
     return kernel + 1;
 }
 
-__attribute__((noinline)) long rt_launch(long kernel) {
+__attribute__((noipa)) long rt_launch(long kernel) {
     long r = drv_launch(kernel);
     __asm__ volatile("" ::: "memory");
     return r + 1;
 }
 
-__attribute__((noinline)) long rt_tail(long kernel) {
+__attribute__((noipa)) long rt_tail(long kernel) {
     __asm__ volatile("" ::: "memory");
     return drv_launch(kernel);
 }
 
-__attribute__((noinline)) long deeper(long kernel, int depth) {
+__attribute__((noipa)) long deeper(long kernel, int depth) {
     long r = depth ? deeper(kernel, depth - 1) : drv_launch(kernel);
     __asm__ volatile("" ::: "memory");
     return r;
