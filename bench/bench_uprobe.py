@@ -15,8 +15,8 @@ one starting with lea show what that costs.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
+import os
 import statistics
 import subprocess
 import tempfile
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from common import conditions, save
 
+from aiflame.agent.kernel.bpf_sys import enable_stats, prog_runs
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig
 from aiflame.agent.kernel.uprobes import ProbeSite, attach_uprobe, entry_offset
 from aiflame.agent.runtimes.base import ARG0, SP, Deref, ProbeSpec
@@ -71,27 +72,6 @@ int main(int argc, char **argv) {
 }
 """
 BARE = "int bare(struct pt_regs *ctx) { return 0; }"
-_BPF_OBJ_GET_INFO_BY_FD = 15
-_SYS_BPF = 321  # x86-64
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _prog_run(fd: int) -> tuple[int, int]:
-    """(run_time_ns, run_cnt) of a loaded BPF program (struct bpf_prog_info offsets 192 and 200)."""
-    info = (ctypes.c_char * 256)()
-    attr = (ctypes.c_uint64 * 3)(fd | (256 << 32), ctypes.addressof(info), 0)
-    if _libc.syscall(_SYS_BPF, _BPF_OBJ_GET_INFO_BY_FD, ctypes.byref(attr), 16) != 0:
-        return 0, 0
-    raw = bytes(info)
-    return int.from_bytes(raw[192:200], "little"), int.from_bytes(raw[200:208], "little")
-
-
-def _bpf_stats(on: bool) -> bool:
-    """Turn the kernel's per-program run-time accounting on or off; returns the previous setting."""
-    path = Path("/proc/sys/kernel/bpf_stats_enabled")
-    was = path.read_text().strip() == "1"
-    path.write_text("1" if on else "0")
-    return was
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     loops: dict[str, list[float]] = {name: [] for name, *_ in configs}
     prog_ns: dict[str, list[float]] = {name: [] for name, *_ in configs}
     bases: list[float] = []
-    stats_was = _bpf_stats(True)
+    stats = enable_stats()  # run-time statistics until closed
     try:
         # Rounds interleave the configurations, so a slow phase of the VM hits all of them alike.
         for _ in range(ROUNDS):
@@ -175,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                     if failed:
                         raise SystemExit("; ".join(failed.values()))
                     fds = list({sampler.prog_fd(False), sampler.prog_fd(ret)})  # one program with session links
-                before = [_prog_run(f) for f in fds]
+                before = [prog_runs(f) for f in fds]
                 loops[name].append(timed(fn))
-                after = [_prog_run(f) for f in fds]
+                after = [prog_runs(f) for f in fds]
                 # per call: a session link runs one program at entry and (when asked) return
                 prog_ns[name].append(sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) / ((REPS + 1) * N))
                 for p in probes:
@@ -186,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     sampler.detach_probes()
     finally:
         lost = sampler.counters().get("call_lost", 0)
-        _bpf_stats(stats_was)
+        os.close(stats)
         proc.stdin.close()
         proc.wait()
         sampler.close()
@@ -206,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"bench": "uprobe_cost", "uprobe_session": sampler.uprobe_session, "calls_per_run": N, "reps": REPS,
            "rounds": ROUNDS, **results,
            "method": f"one C loop; {ROUNDS} interleaved rounds of every configuration, each the median of {REPS} "
-                     "timed loops; medians over rounds; BPF program time from kernel.bpf_stats_enabled",
+                     "timed loops; medians over rounds; BPF program time from the kernel's run-time statistics "
+                     "(BPF_ENABLE_STATS)",
            **conditions()}
     print(json.dumps(out))
     save("uprobe_cost_separate" if args.separate_return_probes else "uprobe_cost", out)

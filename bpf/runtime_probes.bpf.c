@@ -204,7 +204,7 @@ static __always_inline void count_unsent(struct sample_key *key, u64 n) {
 /* Whether the launch `outer` of this thread is still running, seen from a launch entered at `ip` and `sp`. A
  * launch whose return runs on_call deletes its entry there. One whose return does not is open while its return
  * address is still where it was pushed, or the kernel's uretprobe trampoline is (another tool's return probe on
- * the same function: a page-aligned address, see walk.h), and the new call is deeper, or as deep and another
+ * the same function), and the new call is deeper, or as deep and another
  * function (a launch that jumps to the driver's as its last act): once it returned, its caller's next call or
  * push overwrites the slot. Two ways to be wrong, both needing launches of different functions that are not
  * nested: a caller that moves its stack pointer down without writing the slot and calls down to one, and one
@@ -217,7 +217,7 @@ static __always_inline int launch_open(struct launch_in *outer, u64 ip, u64 sp) 
     u64 slot = 0;
     if (bpf_probe_read_user(&slot, sizeof(slot), (void *)outer->sp) != 0)
         return 0;
-    return slot == outer->ra || (slot && !(slot & 0xfff));
+    return slot == outer->ra || (slot && uw_uret_trampoline(slot));
 }
 
 /* A call whose return the kernel hijacks: its return address, for the CFI walk (walk.h) to see through the

@@ -59,6 +59,11 @@ static __always_inline u64 uw_uret_ra(u32 tid, u64 slot) {
 #define AIFLAME_MAX_FRAME_BYTES (8u << 20)
 #define UW_PAGE 4096
 
+/* Whether `addr` may be the kernel's uretprobe trampoline, which starts the [uprobes] page: page-aligned. */
+static __always_inline int uw_uret_trampoline(u64 addr) {
+    return !(addr & (UW_PAGE - 1));
+}
+
 /* Rows found, per CPU: a deep stack's return addresses are the same call sites sample after sample, and sampled
  * pcs fall in the same hot code, so most frames (98% on the dispatcher loop) find their row here without searching.
  * An entry holds a row's address range; sets of four entries (one cache line) by table and 64-byte block of code,
@@ -317,7 +322,7 @@ static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct
         /* a caller's pc is a return address, which may be the first byte of the next function: look up pc - 1 */
         u64 look = n > 1 ? pc - 1 : pc;
         struct unwind_map *m = uw_find_map(p, st, look);
-        if (!m && n > 1 && !(pc & (UW_PAGE - 1))) {
+        if (!m && n > 1 && uw_uret_trampoline(pc)) {
             u64 ra = uw_uret_ra(st->tid, sp - 8);  /* sp is the CFA the return address was read below */
             if (ra) {
                 pc = ra;

@@ -188,7 +188,7 @@ def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list
                   "bpf link create (uprobe_multi)")
 
 
-_RETURN_0 = bytes.fromhex("b700000000000000" "9500000000000000")  # r0 = 0; exit
+RETURN_0 = bytes.fromhex("b700000000000000" "9500000000000000")  # a program that does nothing: r0 = 0; exit
 
 
 @functools.cache
@@ -196,7 +196,7 @@ def uprobe_session_supported() -> bool:
     """Whether the kernel takes uprobe session links (6.13+): a program loaded for them, linked to "/" (no
     regular file), fails with EBADF where the attach type is known and with EINVAL where it is not."""
     try:
-        fd = prog_load(BPF_PROG_TYPE_KPROBE, _RETURN_0, "GPL", name="aiflame_probe",
+        fd = prog_load(BPF_PROG_TYPE_KPROBE, RETURN_0, "GPL", name="aiflame_probe",
                        expected_attach_type=BPF_TRACE_UPROBE_SESSION)
     except OSError:
         return False

@@ -37,8 +37,8 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _bare_return_probe(path: Path, offsets: list[int]) -> tuple[int, int]:
     """Another tool's return probes on `offsets` (a program that does nothing): while they are attached the
     kernel hijacks every return there, whatever our entry run asked. Returns the program and link fds."""
-    prog = bpf_sys.prog_load(bpf_sys.BPF_PROG_TYPE_KPROBE, bytes.fromhex("b7000000000000009500000000000000"), "GPL",
-                             name="bare_ret", expected_attach_type=bpf_sys.BPF_TRACE_UPROBE_MULTI)
+    prog = bpf_sys.prog_load(bpf_sys.BPF_PROG_TYPE_KPROBE, bpf_sys.RETURN_0, "GPL", name="bare_ret",
+                             expected_attach_type=bpf_sys.BPF_TRACE_UPROBE_MULTI)
     return prog, bpf_sys.link_uprobe_multi(prog, str(path), offsets, [0] * len(offsets), [0] * len(offsets), True)
 
 
