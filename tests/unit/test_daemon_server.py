@@ -10,7 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from aiflame.agent.daemon.config import ContinuousConfig, ControlConfig, DaemonConfig, LimitsConfig, OutputConfig
+from aiflame.agent.daemon.config import (
+    ContinuousConfig,
+    ControlConfig,
+    DaemonConfig,
+    LimitsConfig,
+    OutputConfig,
+    load_config,
+)
 from aiflame.agent.daemon.discovery import ProcInfo
 from aiflame.agent.daemon.protocol import LatestRequest, StatusRequest
 from aiflame.agent.daemon.server import Daemon
@@ -139,3 +146,59 @@ def test_continuous_sampler_takes_the_launch_stack_rate(tmp_path: Path, monkeypa
     Daemon(cfg)._new_collector()
     (sampler, runtimes), = made
     assert runtimes and sampler.call_rate == 5 and sampler.frequency == 19
+
+
+class _Windows:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def reconfigure(self, cfg: DaemonConfig, out: object) -> None:
+        self.calls.append("reconfigure")
+
+    def close(self, reason: str) -> None:
+        self.calls.append(f"close {reason}")
+
+    def open(self, collector: object) -> None:
+        self.calls.append("open")
+
+
+@pytest.mark.parametrize(("change", "resampled"), [("launch_stacks = 7", True),
+                                                   ("launch_stacks = 5\nwindow_s = 9", False)])
+def test_a_reload_resamples_when_the_launch_stack_rate_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                change: str, resampled: bool) -> None:
+    made: list[SamplerConfig] = []
+    closed: list[SamplerConfig] = []
+
+    class Made(FakeCollector):
+        def __init__(self, sampler: SamplerConfig, runtimes: bool, label: str, max_probed_libraries: int) -> None:
+            super().__init__([])
+            made.append(sampler)
+            self.config = sampler
+            self.sampler = SimpleNamespace(watch=lambda fd: None)
+
+        def start(self) -> None:
+            pass
+
+        def drain_interval(self, poll_s: float) -> float:
+            return poll_s
+
+        def close(self) -> None:
+            closed.append(self.config)
+
+    monkeypatch.setattr("aiflame.agent.daemon.server.Collector", Made)
+    conf = tmp_path / "aiflame.toml"
+    base = (f'[continuous]\nlaunch_stacks = 5\n[output]\ndir = "{tmp_path / "out"}"\n'
+            f'[control]\nsocket = "{tmp_path / "s"}"\n')
+    conf.write_text(base)
+    daemon = Daemon(load_config(conf), conf)
+    first = daemon._new_collector()
+    windows = _Windows()
+    monkeypatch.setattr(daemon, "collector", first)
+    monkeypatch.setattr(daemon, "windows", windows)
+    monkeypatch.setattr(daemon, "captures", SimpleNamespace(reconfigure=lambda cfg, out: None))
+    conf.write_text(base.replace("launch_stacks = 5", change))
+    daemon._reload()
+    assert [m.call_rate for m in made] == ([5, 7] if resampled else [5])
+    assert closed == made[:1] if resampled else not closed
+    assert (daemon.collector is not first) == resampled
+    assert windows.calls == (["reconfigure", "close reload", "open"] if resampled else ["reconfigure"])
