@@ -182,7 +182,7 @@ class CapturePipeline:
         sampler, writer = self.sampler, self.writer
         assert sampler is not None and writer is not None
         sampler.poll()
-        sampler.catch_up_tables()  # tables walks stopped at since they were evicted
+        sampler.catch_up_tables()  # tables built in the background, or walks stopped at since they were evicted
         exited = []
         for ev in self._procs:
             if ev.kind == RecKind.FORK:
@@ -275,9 +275,9 @@ class CapturePipeline:
 
     # --- processes ------------------------------------------------------------------------------------------
 
-    def snapshot(self, pid: int) -> None:
+    def snapshot(self, pid: int, stopped: bool = False) -> None:
         """Read `pid`'s mappings into the file, with its rank and Python runtime when it has them, and let the
-        runtime probes look at its libraries."""
+        runtime probes look at its libraries. `stopped`: the target is held stopped until this returns."""
         writer = self.writer
         assert writer is not None
         # The Python walker first: samples are taken from the moment a pid is a target, and reading the maps
@@ -292,8 +292,9 @@ class CapturePipeline:
             self._env_ranked.add(pid)  # after exec: a fork still has its launcher's environment
             writer.add_events([env])
         self.stats.pids = len(self.processes.snaps)
-        if self.sampler:  # the CFI tables (a file seen first is built: up to ~0.5 s for libtorch)
-            self.sampler.set_mappings(pid, snap.mappings)
+        if self.sampler:  # the CFI tables (a file seen first is built: up to ~0.5 s for libtorch, in the background
+            # when the target is held for it)
+            self.sampler.set_mappings(pid, snap.mappings, stopped)
         if self.probes:
             self.probes.consider_process(pid, [m.path for m in snap.mappings])
 
@@ -333,7 +334,7 @@ class CapturePipeline:
         if why == "loader":
             self._loader_stops.add(pid)
         if (why != "open" or pid not in self._loader_stops) and not self.processes.unchanged(pid):
-            self.snapshot(pid)
+            self.snapshot(pid, stopped=True)
         # The library being opened is mapped only after this stop: the first sample that runs in it must read
         # the maps again at once (the last library the loader opens, libc, would otherwise stay unknown to the
         # CFI unwinder for the first half second of every command).

@@ -209,7 +209,7 @@ class Session:
                                         "unwind_tables_evicted": uw.evicted, "unwind_table_errors": len(uw.errors),
                                         "unwind_tables_reloaded": uw.reloaded, "unwind_tables_deferred": uw.deferred,
                                         "unwind_tables_evicted_again": uw.evicted_again,
-                                        "unwind_rows": uw.rows_used})
+                                        "unwind_tables_background": uw.background, "unwind_rows": uw.rows_used})
             table_warnings = [f"no CFI table, frame pointers only: {e}" for e in list(uw.errors.values())[:5]]
         if pipe.probes:
             self.stats.counters["calls"] = pipe.probes.calls_seen

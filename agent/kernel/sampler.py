@@ -344,18 +344,20 @@ class CpuSampler:
         if self.maps_full[name] == 1:
             log.warning("BPF map %s full: pid %d and later ones go without it", name, pid)
 
-    def set_mappings(self, pid: int, mappings: Iterable[Mapping]) -> None:
+    def set_mappings(self, pid: int, mappings: Iterable[Mapping], stopped: bool = False) -> None:
         """Describe `pid`'s executable mappings to the CFI unwinder, building the tables of files seen first
-        (off the sampling path; a file without usable CFI is walked with frame pointers). A full map leaves
-        the process to frame pointers (counted: unwind_procs_full)."""
+        (off the sampling path; a file without usable CFI is walked with frame pointers; with `stopped`, the
+        target held until this returns, large tables not cached are built in the background). A full map
+        leaves the process to frame pointers (counted: unwind_procs_full)."""
         if self._unwind is not None:
             try:
-                self._unwind.add_process(pid, mappings)
+                self._unwind.add_process(pid, mappings, stopped)
             except OSError as e:
                 self._map_full("unwind_procs", pid, e)
 
     def catch_up_tables(self) -> int:
-        """Load the evicted CFI tables that walks stopped at since the last call; how many were loaded."""
+        """Store the CFI tables built in the background, and load the evicted ones that walks stopped at since
+        the last call; how many were loaded."""
         if self._unwind is None:
             return 0
         try:

@@ -5,9 +5,11 @@ once, however many processes map it. A CUDA torch process maps more CFI rows tha
 ~90 files, bench/torch_tables.py) but executes a fraction of them: walks tell which tables are executed
 (note_walk), and when the pool is full the tables never executed go first, then the least recently executed.
 An evicted table is not loaded again when its file is seen mapped again, only when a walk stops at it (its
-processes' mappings walk with frame pointers meanwhile, and samples say so): a steady job does not churn. A file
-whose CFI cannot be read falls back to frame pointers alone, with its error kept once for the summary and
-`doctor`.
+processes' mappings walk with frame pointers meanwhile, and samples say so): a steady job does not churn. While a
+target is held stopped (a probe's stop at a library open), a large table not in the on-disk cache is built in a
+background thread, the target continued, and the table stored by the next catch_up: its mapping walks as if
+evicted meanwhile. A file whose CFI cannot be read falls back to frame pointers alone, with its error kept once
+for the summary and `doctor`.
 
 Over 400 lines on purpose: the row pool, the shared rule table and each process's mappings are one state
 (UnwindTables) that loading, eviction and the walks' feedback change together; apart, each would reach into the
@@ -24,6 +26,7 @@ import struct
 import time
 from array import array
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -31,7 +34,7 @@ from aiflame.agent.kernel.bpf_object import BpfObject
 from aiflame.agent.kernel.vdso import vdso_file
 from aiflame.core.errors import AiflameError, TargetGone
 from aiflame.core.raw import Mapping
-from aiflame.symbolize.objfmt.cfi import NOT_COVERED, RULE, Rule, UnwindTable, load_or_build
+from aiflame.symbolize.objfmt.cfi import NOT_COVERED, RULE, Rule, UnwindTable, load_cached, load_or_build
 from aiflame.symbolize.objfmt.cfi.fast import page_starts, renumber_rules
 from aiflame.symbolize.objfmt.elf import ElfFile
 
@@ -46,6 +49,9 @@ VDSO = "[vdso]"  # the kernel's vDSO mapping: its table is read from our own cop
 STOP_EVICTED = 8  # UW_STOP_EVICTED (core/unwind.STOPS)
 REWANT_NS = 1_000_000_000  # an evicted table comes back once walks stopped at it this long apart ...
 REWANT_WINDOW_NS = 10_000_000_000  # ... within this long (a first stop older than that counts no more)
+# at a stop, a table not cached whose .eh_frame is this large or larger is built in the background: ~30 ms of the
+# C engine's build per MiB, 0.5 s for libtorch_cpu's 17 MiB
+DEFER_BYTES = 1 << 20
 # struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift, table_id, pad
 _MAP = struct.Struct("<QQQIIIIIIII")
 PAGE_SHIFT = 12  # a page index has one entry per 4 KiB of a file's code, or per larger page where that is sparse
@@ -146,6 +152,7 @@ class UnwindStats:
     evicted: int = 0
     reloaded: int = 0  # evicted tables loaded again because a walk stopped at them
     deferred: int = 0  # tables not loaded when first mapped (executed tables filled the pool): loaded on demand
+    background: int = 0  # tables built in the background while their target ran on (not cached, at a stop)
     evicted_again: int = 0  # evictions of a table evicted before (churn: none in a steady job)
     build_s: float = 0.0  # time spent building or reading tables
     errors: dict[str, str] = field(default_factory=dict)  # file -> why it has no table
@@ -155,13 +162,21 @@ class UnwindTables:
     """Fills unwind_rows, unwind_rules and unwind_procs of a loaded sampler."""
 
     def __init__(self, obj: BpfObject, table_for: Callable[[str], UnwindTable] = load_or_build,
-                 pool: bytearray | None = None, index_pool: bytearray | None = None) -> None:
-        """`pool`, `index_pool`: the row pool's and page index's memory (tests); by default the unwind_rows and
-        unwind_index maps, mmapped."""
+                 pool: bytearray | None = None, index_pool: bytearray | None = None,
+                 cached_for: Callable[[str], UnwindTable | None] = load_cached) -> None:
+        """`table_for`: a file's table, from the cache or built; `cached_for`: from the cache only (None if it is
+        not there). `pool`, `index_pool`: the row pool's and page index's memory (tests); by default the
+        unwind_rows and unwind_index maps, mmapped."""
         self._rows_map = obj.maps["unwind_rows"]
         self._rules_map = obj.maps["unwind_rules"]
         self._procs = obj.maps["unwind_procs"]
         self._table_for = table_for
+        self._cached_for = cached_for
+        self.defer_bytes = DEFER_BYTES
+        self._stopped = False  # add_process for a target held stopped: large uncached tables build in the background
+        # key -> its build, a mapping of it, the path the build reads (for its errors), when it was asked for
+        self._building: dict[str, tuple[Future[UnwindTable], Mapping, str, float]] = {}
+        self._builder: ThreadPoolExecutor | None = None
         self.capacity = self._rows_map.max_entries
         self._pool: mmap.mmap | bytearray = pool if pool is not None else mmap.mmap(
             self._rows_map.fd, self.capacity * 8, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -195,14 +210,24 @@ class UnwindTables:
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
+        if self._builder is not None:
+            self._builder.shutdown(wait=False, cancel_futures=True)
         for pool in (self._pool, self._index):
             if isinstance(pool, mmap.mmap):
                 pool.close()
 
     # --- processes ----------------------------------------------------------------------------------------
 
-    def add_process(self, pid: int, mappings: Iterable[Mapping]) -> None:
-        """(Re)describe `pid`'s executable mappings to BPF, loading the tables of files seen first."""
+    def add_process(self, pid: int, mappings: Iterable[Mapping], stopped: bool = False) -> None:
+        """(Re)describe `pid`'s executable mappings to BPF, loading the tables of files seen first; with
+        `stopped` (the target waits for this), large tables not in the cache are built in the background."""
+        self._stopped = stopped
+        try:
+            self._add_process(pid, mappings)
+        finally:
+            self._stopped = False
+
+    def _add_process(self, pid: int, mappings: Iterable[Mapping]) -> None:
         entries: list[tuple[Mapping, str]] = []
         jit: list[tuple[Mapping, str]] = []
         for m in sorted(mappings, key=lambda m: m.start):
@@ -245,7 +270,10 @@ class UnwindTables:
                 first, nrows = loaded.first, loaded.nrows
                 index = (loaded.index_first, loaded.page_base, loaded.npages, loaded.page_shift, loaded.table_id, 0)
             else:
-                first = ROWS_JIT if key == JIT else ROWS_EVICTED if key in self._evicted else 0
+                # an evicted table: the mapping walks with frame pointers meanwhile; one being built: scanned past
+                # as code without CFI (a library's constructors run while its table builds: no frame pointers)
+                first = ROWS_JIT if key == JIT or key in self._building else ROWS_EVICTED if key in self._evicted \
+                    else 0
                 nrows, index = 0, (0, 0, 0, 0, 0, 0)
             _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows,
                            *index)
@@ -268,9 +296,9 @@ class UnwindTables:
             return ""
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         seen = self._seen.get(ident)
-        if seen is not None and m.file_offset in seen[1] and (
-                seen[0] in self._files or (seen[0] in self._evicted and not reload)):
-            key, vaddrs = seen  # loaded, or evicted and left so until a walk wants it: no ELF open either way
+        if seen is not None and m.file_offset in seen[1] and (seen[0] in self._files or seen[0] in self._building
+                                                              or (seen[0] in self._evicted and not reload)):
+            key, vaddrs = seen  # loaded, being built, or evicted and left so until a walk wants it: no ELF open
             self._bias[(pid, m.start)] = m.start - vaddrs[m.file_offset]
             if key in self._files:
                 self._files[key].used_ns = time.monotonic_ns()
@@ -306,15 +334,49 @@ class UnwindTables:
             return ""
         if key in self._evicted and not reload:
             return key  # back when a walk stops at it (note_walk)
+        if key in self._building:
+            return key  # stored by catch_up once built
         t0 = time.perf_counter()
         try:
-            table = self._table_for(elf.fd_path)
+            table = self._table_now(key, elf, m)
         except (AiflameError, OSError) as e:
             self.stats.errors[m.path] = str(e).replace(elf.fd_path, m.path).replace(path, m.path)
             self._failed.add(key)
             return ""
         finally:
             self.stats.build_s += time.perf_counter() - t0
+        return key if table is None else self._place(key, table, m, reload)
+
+    def _table_now(self, key: str, elf: ElfFile, m: Mapping) -> UnwindTable | None:
+        """`elf`'s table; None when it is built in the background instead: a target is held stopped for this
+        and the table is large and not in the cache."""
+        eh = elf.section(".eh_frame") if self._stopped else None
+        if eh is None or eh.size < self.defer_bytes:
+            return self._table_for(elf.fd_path)
+        table = self._cached_for(elf.fd_path)
+        if table is not None:
+            return table
+        if self._builder is None:
+            self._builder = ThreadPoolExecutor(1, thread_name_prefix="aiflame-cfi")
+        fd = os.open(elf.fd_path, os.O_RDONLY | os.O_CLOEXEC)  # the file itself, whatever its path becomes
+        try:
+            self._building[key] = (self._builder.submit(self._build_fd, fd), m, f"/proc/self/fd/{fd}",
+                                   time.monotonic())
+        except BaseException:
+            os.close(fd)
+            raise
+        self.stats.background += 1
+        return None
+
+    def _build_fd(self, fd: int) -> UnwindTable:
+        """A background build (the table pools are the main thread's alone)."""
+        try:
+            return self._table_for(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+
+    def _place(self, key: str, table: UnwindTable, m: Mapping, reload: bool) -> str:
+        """Store `key`'s `table`; its key, or "" when it can never be stored."""
         if not self._store(key, table, evict_executed=reload):
             if 0 < len(table) <= self.capacity and not self._over_limits(table):
                 # executed tables fill the pool: this one waits, as if evicted, for a walk to stop at it
@@ -371,9 +433,9 @@ class UnwindTables:
             any(n >= size[1] for _, n in self._index_free.free)
 
     def catch_up(self) -> int:
-        """Load the evicted tables walks stopped at since the last call (evicting what ran least recently);
-        returns how many were loaded."""
-        n = 0
+        """Store the tables built in the background since the last call, and load the evicted tables walks
+        stopped at (evicting what ran least recently); returns how many were loaded."""
+        n = self._built()
         wanted, self._wanted = self._wanted, {}
         if_fits, self._wanted_if_fits = self._wanted_if_fits, set()
         for key, (pid, m) in wanted.items():
@@ -386,6 +448,29 @@ class UnwindTables:
                 self._files[key].users = users
                 for user in sorted(users):
                     self._write_proc(user)
+        return n
+
+    def _built(self) -> int:
+        """Store the background builds that are done; how many were stored."""
+        n = 0
+        for key, (build, m, read, asked) in list(self._building.items()):
+            if not build.done():
+                continue
+            del self._building[key]
+            try:
+                table: UnwindTable | None = build.result()
+            except (AiflameError, OSError) as e:
+                self.stats.errors[m.path] = str(e).replace(read, m.path)
+                self._failed.add(key)
+                table = None
+            users = {p for p, ents in self._proc_keys.items() if any(k == key for _, k in ents)}
+            if table is not None and self._place(key, table, m, False) == key and key in self._files:
+                self._files[key].users = users
+                n += 1
+                log.info("unwind table of %s built in the background: %d rows, stored %.2f s after it was asked for",
+                         m.path, len(table), time.monotonic() - asked)
+            for user in sorted(users):
+                self._write_proc(user)
         return n
 
     def _file_of(self, pid: int, m: Mapping) -> str:

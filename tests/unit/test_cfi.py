@@ -838,6 +838,20 @@ def test_cache_round_trip(built: dict[str, str], tmp_path: Path, monkeypatch: py
     assert builds.n == 1 and again == first == cfi.build_table(built["O2"])
 
 
+def test_load_cached_reads_the_cache_and_never_builds(built: dict[str, str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = Builds(monkeypatch)
+    cache = str(tmp_path / "c")
+    assert cfi.load_cached(built["O2"], cache) is None and builds.n == 0  # not there: None, nothing built
+    first = cfi.load_or_build(built["O2"], cache)
+    assert cfi.load_cached(built["O2"], cache) == first and builds.n == 1
+    path = Path(cfi.cache_path(_build_id(built["O2"]), cache))
+    path.write_bytes(CORRUPTIONS["flipped row byte"](path.read_bytes()))
+    assert cfi.load_cached(built["O2"], cache) is None and builds.n == 1  # corrupt: not there
+    cfi.load_or_build(built["nobid"], cache)
+    assert cfi.load_cached(built["nobid"], cache) is None  # no build id: keyed by a digest, not looked up
+
+
 def test_cache_default_dir_is_under_symbols_cache(built: dict[str, str], tmp_path: Path) -> None:
     cfi.load_or_build(built["O2"])
     assert os.path.isfile(tmp_path / "cache" / "cfi" / f"{_build_id(built['O2'])}.cfi")

@@ -49,6 +49,7 @@ TRUTH: dict[str, str] = {
     "integration/test_stall_merge.py": "",
     "integration/test_svg_browser.py": "",
     "integration/test_unwind_scan.py": "",
+    "integration/test_unwind_background.py": "",
     "integration/test_unwind_uretprobe.py": "",
     "integration/test_unwind_vs_perf.py": "",
     "unit/test_annotate.py": (
@@ -60,7 +61,8 @@ TRUTH: dict[str, str] = {
         "cache_symlink_is_not_followed corrupt_cache_is_rebuilt decode_checks_structure_behind_a_valid_checksum "
         "default_row_cap_holds_on_a_big_table engine_is_compiled_atomically_into_a_private_dir fuzz_mutated_eh_frame "
         "fuzz_mutated_eh_frame_hdr fuzz_mutated_files fuzz_mutated_libc hostile_sections_give_one_clear_error "
-        "layout_is_eight_byte_rows_into_twelve_byte_rules not_x86_64_or_not_elf "
+        "layout_is_eight_byte_rows_into_twelve_byte_rules load_cached_reads_the_cache_and_never_builds "
+        "not_x86_64_or_not_elf "
         "repeated_hdr_entries_are_interpreted_once row_and_rule_caps without_a_compiler_auto_falls_back_to_python"),
     "unit/test_chakra.py": (
         "decoder_fuzz decoder_rejects_malformed_bytes no_communication_is_a_clear_error rank_environment_fuzz "

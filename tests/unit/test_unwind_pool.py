@@ -8,6 +8,8 @@ import bisect
 import os
 import shutil
 import struct
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from aiflame.agent.kernel.bpf_object import BpfMap, BpfObject
 from aiflame.agent.kernel.unwind import (
+    DEFER_BYTES,
     MAX_PAGE_ROWS,
     PAGE_SHIFT,
     REWANT_NS,
@@ -49,6 +52,7 @@ from aiflame.symbolize.objfmt.cfi import (
 from aiflame.symbolize.objfmt.cfi import fast as cfi_fast
 from aiflame.symbolize.objfmt.elf import ElfFile
 
+HANG_S = 60  # a wait that only a bug makes this long
 R1 = Rule(CFA_RSP, RBP_UNCHANGED, 8, 0)
 R2 = Rule(CFA_RSP, RBP_UNCHANGED, 16, 0)
 R3 = Rule(CFA_RBP, RBP_OFFSET, 16, -16)
@@ -108,22 +112,30 @@ class Pool:
         return Rule(*RULE.unpack(self.maps["unwind_rules"].data[_U32.pack(idx)]))
 
 
-def make_pool(capacity: int, tables: dict[str, UnwindTable | Exception], index_entries: int = 4096) -> Pool:
+def make_pool(capacity: int, tables: dict[str, UnwindTable | Exception], index_entries: int = 4096,
+              cached: dict[str, UnwindTable] | None = None, gates: dict[str, threading.Event] | None = None) -> Pool:
+    """`cached`: the tables the on-disk cache holds (none by default); `gates`: builds that wait for their event
+    (background builds held until the test lets them finish)."""
     maps = {"unwind_rows": _map("unwind_rows", capacity), "unwind_rules": _map("unwind_rules", 65536),
             "unwind_procs": _map("unwind_procs", 8192)}
     built: list[str] = []
 
     def table_for(path: str) -> UnwindTable:
         name = Path(os.path.realpath(path)).name  # the loader passes the open file (/proc/self/fd/N)
+        if gates and name in gates:
+            assert gates[name].wait(HANG_S), f"{name}'s build never let go"
         built.append(name)
         t = tables[name]
         if isinstance(t, Exception):
-            raise t
+            raise type(t)(str(t).replace("PATH", path))
         return t
+
+    def cached_for(path: str) -> UnwindTable | None:
+        return (cached or {}).get(Path(os.path.realpath(path)).name)
 
     pool = bytearray(capacity * 8)
     obj = BpfObject(progs={}, maps=dict[str, BpfMap](maps))
-    uw = _Tables(obj, table_for, pool=pool, index_pool=bytearray(4 * index_entries))
+    uw = _Tables(obj, table_for, pool=pool, index_pool=bytearray(4 * index_entries), cached_for=cached_for)
     uw.rewant_ns = 0  # the first stop at an evicted table brings it back (test_an_evicted_table_comes_back_...)
     return Pool(uw, maps, pool, built)
 
@@ -476,3 +488,64 @@ def test_the_vdso_gets_a_table_from_our_own_copy(tmp_path: Path) -> None:
     (m,) = p.proc(1)
     assert (m.start, m.bias, m.nrows) == (0x7FFF_0000, 0x7FFF_0000, 7)  # the image's addresses start at 0
     assert p.proc(2) == [] and not p.tables.stats.errors
+
+
+def _caught_up(p: Pool, n: int) -> None:
+    """catch_up until it has stored `n` tables built in the background."""
+    deadline, got = time.monotonic() + HANG_S, 0
+    while got < n:
+        assert time.monotonic() < deadline, f"{got} of {n} background builds stored"
+        got += p.tables.catch_up()
+        time.sleep(0.005)
+
+
+def test_a_large_table_not_cached_is_built_in_the_background_while_its_target_is_held(
+        files: Callable[[str], str]) -> None:
+    gate = threading.Event()
+    p = make_pool(64, {"small": table((R1,), 3), "big": table((R2,), 5, first_pc=0x2000),
+                       "bad": Unreadable("PATH: CIE pointer outside .eh_frame"), "later": table((R1,), 4)},
+                  cached={"hot": table((R3,), 2)}, gates={"big": gate})
+    small, big, hot, bad, later = files("small"), files("big"), files("hot"), files("bad"), files("later")
+    with ElfFile.open(small) as elf:
+        eh = elf.section(".eh_frame")
+    assert eh is not None and 0 < eh.size < DEFER_BYTES  # every file here is a copy of /usr/bin/true
+    maps = [mapping(small, 0x1000_0000), mapping(big, 0x2000_0000)]
+    # Not held stopped: built at once, whatever the size.
+    p.tables.defer_bytes = 1
+    p.tables.add_process(1, [mapping(later, 0x5000_0000)])
+    assert p.built == ["later"] and p.tables.stats.background == 0
+    # Held: a table under the threshold is built at once; one at or over it, not cached, in the background: the
+    # call returns with the build still waiting, its mapping walked as evicted (frame pointers) meanwhile.
+    p.tables.defer_bytes = eh.size + 1
+    p.tables.add_process(1, maps[:1], stopped=True)
+    assert p.built == ["later", "small"]
+    p.tables.defer_bytes = eh.size
+    p.tables.add_process(1, maps, stopped=True)
+    assert p.tables.stats.background == 1 and p.built == ["later", "small"]
+    assert [(m.first_row == ROWS_EVICTED, m.nrows) for m in p.proc(1)] == [(False, 3), (True, 0)]
+    assert p.tables.catch_up() == 0
+    # Seen again while it builds (another process, a re-read of the maps): not built twice, walked as evicted.
+    p.tables.add_process(2, [mapping(big, 0x3000_0000)], stopped=True)
+    p.tables.add_process(1, maps)
+    assert p.tables.stats.background == 1 and [(m.first_row, m.nrows) for m in p.proc(2)] == [(ROWS_EVICTED, 0)]
+    gate.set()
+    _caught_up(p, 1)
+    assert p.built == ["later", "small", "big"]
+    ma, mb = p.proc(1)
+    assert (ma.nrows, mb.nrows) == (3, 5) and [p.rule(r) for _, r in p.rows(mb.first_row, 5)] == [R2] * 5
+    assert [m.nrows for m in p.proc(2)] == [5]  # every process mapping it is told
+    # Cached: read at once, never built; a background build that fails leaves its file to frame pointers, with
+    # its error under the file's own name.
+    p.tables.add_process(3, [mapping(hot, 0x4000_0000), mapping(bad, 0x6000_0000)], stopped=True)
+    assert [m.nrows for m in p.proc(3)] == [2, 0] and "hot" not in p.built
+    _caught_up(p, 0)
+    deadline = time.monotonic() + HANG_S
+    while bad not in p.tables.stats.errors:
+        assert time.monotonic() < deadline, "the failed build was never noted"
+        p.tables.catch_up()
+        time.sleep(0.005)
+    assert p.tables.stats.errors[bad] == f"{bad}: CIE pointer outside .eh_frame"
+    assert [(m.first_row == ROWS_EVICTED, m.nrows) for m in p.proc(3)] == [(False, 2), (False, 0)]
+    p.tables.add_process(3, [mapping(bad, 0x6000_0000)], stopped=True)
+    assert p.built.count("bad") == 1 and p.tables.stats.background == 2  # not tried again
+    p.tables.close()

@@ -22,12 +22,12 @@ The modules, bottom up:
 - `parse`: the Python reference's walk of the sections: CIE/FDE records, .eh_frame_hdr, FDE selection, packing;
 - `fast`: compiling `cfi_fast.c` and calling it through ctypes;
 - `build`: opening an ELF file and building its table with either engine (`build_table`, `fde_rows`);
-- `cache`: the on-disk cache file (`encode_table`, `decode_table`) and `load_or_build`.
+- `cache`: the on-disk cache file (`encode_table`, `decode_table`), `load_or_build` and `load_cached`.
 Names with a leading underscore are private to this package; its public names are re-exported here.
 """
 
 from aiflame.symbolize.objfmt.cfi.build import Engine, FdeRows, build_from_sections, build_table, fde_rows
-from aiflame.symbolize.objfmt.cfi.cache import cache_path, decode_table, encode_table, load_or_build
+from aiflame.symbolize.objfmt.cfi.cache import cache_path, decode_table, encode_table, load_cached, load_or_build
 from aiflame.symbolize.objfmt.cfi.table import (
     CFA_DEREF_RBP,
     CFA_END,
@@ -59,5 +59,6 @@ __all__ = [
     "CFA_DEREF_RBP", "CFA_END", "CFA_INVALID", "CFA_KINDS", "CFA_NONE", "CFA_PLT", "CFA_PLT10", "CFA_RBP", "CFA_RSP",
     "CFA_SIGNAL", "MAX_ROWS", "MAX_RULES", "MAX_STATE_DEPTH", "NOT_COVERED", "RBP_AT_RBP", "RBP_INVALID", "RBP_KINDS",
     "RBP_OFFSET", "RBP_UNCHANGED", "ROW", "RULE", "CfiStats", "Engine", "FdeRows", "Rule", "UnwindTable",
-    "build_from_sections", "build_table", "cache_path", "decode_table", "encode_table", "fde_rows", "load_or_build",
+    "build_from_sections", "build_table", "cache_path", "decode_table", "encode_table", "fde_rows", "load_cached",
+    "load_or_build",
 ]

@@ -156,6 +156,16 @@ def _content_key(fd: int) -> str:
     return "sha256-" + h.hexdigest()
 
 
+def load_cached(path: str | os.PathLike[str], cache_dir: str | None = None) -> UnwindTable | None:
+    """The table of `path` when the cache holds it, else None; never builds. Files with a build id only: the key
+    of one without is a hash of its whole content, no quicker than a build."""
+    with _Opened(path) as o:
+        bid = o.elf.build_id
+        if not bid or not set(bid) <= _SAFE_KEY:
+            return None
+        return _read_cached(cache_path(bid, cache_dir), bid)
+
+
 def load_or_build(path: str | os.PathLike[str], cache_dir: str | None = None, engine: Engine = "auto") -> UnwindTable:
     """The table of `path` from the cache under `cache_dir` (default: default_cache_dir()/cfi), keyed by
     build id or else the SHA-256 of the content; built and stored when absent, stale or corrupt."""
