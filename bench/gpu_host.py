@@ -66,8 +66,11 @@ def _steady_cpu_pct(trace: list[tuple[float, float]], seconds: float) -> float:
     return 100 * (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
-def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, float]:
-    """One run under `aiflame profile`: the loop's own figures, the capture's counters, the agent's peak RSS."""
+def run_profiled(mode: str, loop_args: Sequence[str], out: Path, after_s: float = 8.0) -> dict[str, float]:
+    """One run under `aiflame profile`: the loop's own figures, the capture's counters, the agent's peak RSS, and
+    the walks' share past the first `after_s` seconds (the import's start-up left out, bench/steady_share.py)."""
+    from steady_share import shares
+
     from aiflame.core.capture import read_capture
     from aiflame.core.model import EventKind, FrameKind
     from aiflame.symbolize.stacks import StackOptions, symbolize_capture
@@ -119,6 +122,9 @@ def run_profiled(mode: str, loop_args: Sequence[str], out: Path) -> dict[str, fl
         "unwind_tables_loaded": c.get("unwind_tables_loaded", 0),
         "unwind_rows": c.get("unwind_rows", 0),
     })
+    steady = shares(str(out / "profile.aiflame"), after_s)[f"after {after_s:g} s"]
+    res.update({"walks_reaching_outermost_after_pct": steady["outermost_pct"],
+                "python_spliced_after_pct": steady["python_spliced_pct"]})
     return res
 
 
@@ -133,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the Python that runs the loop (a side venv's, e.g. one with the CUDA build of torch)")
     ap.add_argument("--frequency", type=int, default=0, help="aiflame's sampling rate (default: its own, 99 Hz)")
     ap.add_argument("--small", action="store_true", help="a small model (1 layer, d=128, seq 64), for a quick try")
+    ap.add_argument("--map-cudnn", action="store_true",
+                    help="the loop maps every libcudnn*.so.9 before its warm-up (as a GPU job's first attention does)")
+    ap.add_argument("--after", type=float, default=8.0,
+                    help="the walks' share is also given past this many seconds of the capture (8)")
     a = ap.parse_args(argv)
     PYTHON[:] = [a.python]
     FREQ[:] = ["-F", str(a.frequency)] if a.frequency else []
@@ -142,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop_args = ["--device", a.device, "--seconds", str(a.seconds), "--warmup", str(a.warmup)]
     if a.small:
         loop_args += ["--layers", "1", "--d", "128", "--seq", "64", "--batch", "4"]
+    if a.map_cudnn:
+        loop_args.append("--map-cudnn")
     results: dict[str, object] = {"device": a.device, "python": a.python, "frequency": a.frequency or 99,
                                    "loop": loop_args, "modes": {}}
     with tempfile.TemporaryDirectory(prefix="aiflame-gpu-host-") as tmp:
@@ -149,13 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             pairs = []
             for r in range(a.rounds):  # alone, profiled, alone, profiled...: drift shows in both
                 alone = run_alone(loop_args)
-                prof = run_profiled(mode, loop_args, Path(tmp) / f"{mode}{r}")
+                prof = run_profiled(mode, loop_args, Path(tmp) / f"{mode}{r}", a.after)
                 pairs.append((alone, prof))
                 print(f"{mode} round {r}: alone {alone['steps_per_s']:.1f} steps/s, profiled "
                       f"{prof['steps_per_s']:.1f} ({prof['steps_per_s'] / alone['steps_per_s']:.3f}x); "
                       f"calls {prof['calls_counted']:.0f} counted / {prof['calls_recorded']:.0f} recorded / "
                       f"{prof['calls_lost']:.0f} lost; launches with Python {prof['launches_with_python_pct']:.1f}%;"
-                      f" walks to outermost {prof['walks_reaching_outermost_pct']:.1f}%; agent CPU "
+                      f" walks to outermost {prof['walks_reaching_outermost_pct']:.1f}% "
+                      f"({prof['walks_reaching_outermost_after_pct']:.1f}% past {a.after:g} s); agent CPU "
                       f"{prof['agent_cpu_s']:.1f} s of {prof['job_s']:.1f} s "
                       f"(steps: {prof['agent_steady_cpu_pct']:.1f}%), RSS {prof['agent_peak_rss_mb']:.0f} MB; "
                       f"wall {alone['wall_s']:.1f} -> {prof['wall_s']:.1f} s; Python samples {prof['python_samples']}, "

@@ -36,6 +36,8 @@ MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samp
 MORE_MODES = {"probes_19hz": ["--no-gpu-samples", "-F", "19"],
               "probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
               "probes_19hz_separate": ["--no-gpu-samples", "-F", "19", "--separate-return-probes"]}
+# with --attach: a window with nothing attached, measured like the others (the bench's own bias and spread)
+NONE = "none"
 
 
 def _result(stdout: str) -> dict[str, float]:
@@ -93,6 +95,12 @@ def attach(job: list[str], modes: list[str], windows: int, seconds: float, tmp: 
         time.sleep(seconds)
         for w in range(windows):
             for m in modes:
+                if m == NONE:
+                    t0 = time.monotonic_ns()
+                    time.sleep(seconds)
+                    spans.append((m, t0, time.monotonic_ns()))
+                    time.sleep(seconds)
+                    continue
                 out = tmp / f"attach{w}{m}"
                 subprocess.run(["taskset", "-c", "0", *aiflame_cmd(
                     "profile", "-q", "--force", "-o", str(out), "--formats", "folded", *(MODES | MORE_MODES)[m],
@@ -127,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--work-us", type=float, default=90, help="Python work before each launch, in us (90)")
     ap.add_argument("--python", default=sys.executable, help="the Python that runs the loop")
     ap.add_argument("--modes", default=",".join(MODES),
-                    help=f"comma-separated, of {', '.join(MODES | MORE_MODES)} (default {','.join(MODES)})")
+                    help=f"comma-separated, of {', '.join(MODES | MORE_MODES)} (default {','.join(MODES)}); with "
+                         f"--attach also {NONE} (a window with nothing attached)")
     ap.add_argument("--settle", type=float, default=0.5, metavar="S",
                     help="with --attach: each window's rate from S seconds after its capture began (0.5)")
     ap.add_argument("--attach", type=int, default=0, metavar="WINDOWS",
@@ -138,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("launch_steps: skipped, needs two CPUs (the job pinned to one, aiflame to the other)")
         return 0
     modes = a.modes.split(",")
-    if unknown := set(modes) - set(MODES | MORE_MODES):
+    if unknown := set(modes) - set(MODES | MORE_MODES) - ({NONE} if a.attach else set()):
         raise SystemExit(f"launch_steps: unknown mode(s) {', '.join(sorted(unknown))} "
                          f"(known: {', '.join(MODES | MORE_MODES)})")
     rounds: list[dict[str, dict[str, float]]] = []
