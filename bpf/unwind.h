@@ -71,6 +71,8 @@ struct unwind_rule {
 /* first_row of anonymous executable memory (JIT code: oneDNN's kernels, nrows 0): no CFI there, so where frame
  * pointers fail the walk scans for the return address (uw_KIND_scan), as in a file's code without CFI */
 #define UW_ROWS_JIT 0xfffffffeu
+/* first_row of a mapping whose table is being built (nrows 0): frame pointers, else a scan, as code without CFI */
+#define UW_ROWS_PENDING 0xfffffffdu
 struct unwind_map {
     __u64 start;
     __u64 end;

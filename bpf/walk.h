@@ -336,7 +336,8 @@ static __always_inline int unwind_frame(u64 *data, struct unwind_proc *p, struct
         u32 cfa_type = CFA_NONE;
         struct unwind_rule *r = NULL;
         if (m) {
-            st->fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED : UW_STOP_FP_END;
+            st->fail = m->first_row == UW_ROWS_EVICTED ? UW_STOP_EVICTED :
+                       m->first_row == UW_ROWS_PENDING ? UW_STOP_NOT_COVERED : UW_STOP_FP_END;
             if (m->first_row == UW_ROWS_JIT) {
                 st->fail = UW_STOP_NOT_COVERED;
                 st->jit = 1;

@@ -7,9 +7,9 @@ once, however many processes map it. A CUDA torch process maps more CFI rows tha
 An evicted table is not loaded again when its file is seen mapped again, only when a walk stops at it (its
 processes' mappings walk with frame pointers meanwhile, and samples say so): a steady job does not churn. While a
 target is held stopped (a probe's stop at a library open), a large table not in the on-disk cache is built in a
-background thread, the target continued, and the table stored by the next catch_up: its mapping walks as if
-evicted meanwhile. A file whose CFI cannot be read falls back to frame pointers alone, with its error kept once
-for the summary and `doctor`.
+background thread, the target continued, and the table stored by the next catch_up: its mapping walks as code
+without CFI meanwhile (frame pointers, else a scan for the return address). A file whose CFI cannot be read
+falls back to frame pointers alone, with its error kept once for the summary and `doctor`.
 
 Over 400 lines on purpose: the row pool, the shared rule table and each process's mappings are one state
 (UnwindTables) that loading, eviction and the walks' feedback change together; apart, each would reach into the
@@ -44,6 +44,7 @@ MAX_MAPS = 256  # AIFLAME_UNWIND_MAPS
 MAX_RULES = 65536  # AIFLAME_UNWIND_RULES
 ROWS_EVICTED = 0xFFFFFFFF  # UW_ROWS_EVICTED
 ROWS_JIT = 0xFFFFFFFE  # UW_ROWS_JIT
+ROWS_PENDING = 0xFFFFFFFD  # UW_ROWS_PENDING: a table being built
 JIT = "[jit]"  # the key of anonymous executable memory: no table, scanned past in BPF
 VDSO = "[vdso]"  # the kernel's vDSO mapping: its table is read from our own copy (agent/kernel/vdso.py)
 STOP_EVICTED = 8  # UW_STOP_EVICTED (core/unwind.STOPS)
@@ -152,7 +153,7 @@ class UnwindStats:
     evicted: int = 0
     reloaded: int = 0  # evicted tables loaded again because a walk stopped at them
     deferred: int = 0  # tables not loaded when first mapped (executed tables filled the pool): loaded on demand
-    background: int = 0  # tables built in the background while their target ran on (not cached, at a stop)
+    background: int = 0  # builds started in the background while their target ran on (not cached, at a stop)
     evicted_again: int = 0  # evictions of a table evicted before (churn: none in a steady job)
     build_s: float = 0.0  # time spent building or reading tables
     errors: dict[str, str] = field(default_factory=dict)  # file -> why it has no table
@@ -173,7 +174,6 @@ class UnwindTables:
         self._table_for = table_for
         self._cached_for = cached_for
         self.defer_bytes = DEFER_BYTES
-        self._stopped = False  # add_process for a target held stopped: large uncached tables build in the background
         # key -> its build, a mapping of it, the path the build reads (for its errors), when it was asked for
         self._building: dict[str, tuple[Future[UnwindTable], Mapping, str, float]] = {}
         self._builder: ThreadPoolExecutor | None = None
@@ -210,8 +210,8 @@ class UnwindTables:
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
     def close(self) -> None:
-        if self._builder is not None:
-            self._builder.shutdown(wait=False, cancel_futures=True)
+        if self._builder is not None:  # builds queued go on (each closes its file): their tables fill the cache
+            self._builder.shutdown(wait=False)
         for pool in (self._pool, self._index):
             if isinstance(pool, mmap.mmap):
                 pool.close()
@@ -221,20 +221,13 @@ class UnwindTables:
     def add_process(self, pid: int, mappings: Iterable[Mapping], stopped: bool = False) -> None:
         """(Re)describe `pid`'s executable mappings to BPF, loading the tables of files seen first; with
         `stopped` (the target waits for this), large tables not in the cache are built in the background."""
-        self._stopped = stopped
-        try:
-            self._add_process(pid, mappings)
-        finally:
-            self._stopped = False
-
-    def _add_process(self, pid: int, mappings: Iterable[Mapping]) -> None:
         entries: list[tuple[Mapping, str]] = []
         jit: list[tuple[Mapping, str]] = []
         for m in sorted(mappings, key=lambda m: m.start):
             if "x" not in m.perms or len(entries) >= MAX_MAPS:
                 continue
             if m.path.startswith("/"):
-                entries.append((m, self._load(pid, m)))
+                entries.append((m, self._load(pid, m, stopped=stopped)))
             elif m.path == VDSO and (key := self._load(pid, m)):
                 entries.append((m, key))
             elif _is_jit(m.path):
@@ -270,10 +263,10 @@ class UnwindTables:
                 first, nrows = loaded.first, loaded.nrows
                 index = (loaded.index_first, loaded.page_base, loaded.npages, loaded.page_shift, loaded.table_id, 0)
             else:
-                # an evicted table: the mapping walks with frame pointers meanwhile; one being built: scanned past
-                # as code without CFI (a library's constructors run while its table builds: no frame pointers)
-                first = ROWS_JIT if key == JIT or key in self._building else ROWS_EVICTED if key in self._evicted \
-                    else 0
+                # an evicted table: the mapping walks with frame pointers meanwhile; one being built: as code
+                # without CFI, frame pointers else a scan (a library's constructors run while it builds)
+                first = ROWS_JIT if key == JIT else ROWS_PENDING if key in self._building else \
+                    ROWS_EVICTED if key in self._evicted else 0
                 nrows, index = 0, (0, 0, 0, 0, 0, 0)
             _MAP.pack_into(proc, _PROC_HEAD.size + i * _MAP.size, m.start, m.end, bias & (1 << 64) - 1, first, nrows,
                            *index)
@@ -281,7 +274,7 @@ class UnwindTables:
 
     # --- tables -------------------------------------------------------------------------------------------
 
-    def _load(self, pid: int, m: Mapping, reload: bool = False) -> str:
+    def _load(self, pid: int, m: Mapping, reload: bool = False, stopped: bool = False) -> str:
         """The key of `m`'s file table, loading it into the pool if needed ("" for a file without one). The file
         is the one mapped (map_files); a file seen before (same device, inode, size and mtime) with its table
         still loaded, or evicted (`reload`: load it again), costs one stat, not an ELF open (a torch process
@@ -309,12 +302,13 @@ class UnwindTables:
             self.stats.errors.setdefault(m.path, str(e).replace(path, m.path))
             return ""
         with elf:
-            key = self._load_open(pid, m, elf, path, reload)
+            key = self._load_open(pid, m, elf, path, reload, stopped)
         if key:  # _load_open has set the bias
             self._seen.setdefault(ident, (key, {}))[1][m.file_offset] = m.start - self._bias[(pid, m.start)]
         return key
 
-    def _load_open(self, pid: int, m: Mapping, elf: ElfFile, path: str, reload: bool = False) -> str:
+    def _load_open(self, pid: int, m: Mapping, elf: ElfFile, path: str, reload: bool = False,
+                   stopped: bool = False) -> str:
         try:
             vaddr = elf.file_offset_to_vaddr(m.file_offset)
             st = os.stat(elf.fd_path)
@@ -338,19 +332,19 @@ class UnwindTables:
             return key  # stored by catch_up once built
         t0 = time.perf_counter()
         try:
-            table = self._table_now(key, elf, m)
+            table = self._table_now(key, elf, m, stopped)
         except (AiflameError, OSError) as e:
-            self.stats.errors[m.path] = str(e).replace(elf.fd_path, m.path).replace(path, m.path)
+            self.stats.errors[m.path] = _named(str(e), elf.fd_path, m.path).replace(path, m.path)
             self._failed.add(key)
             return ""
         finally:
             self.stats.build_s += time.perf_counter() - t0
         return key if table is None else self._place(key, table, m, reload)
 
-    def _table_now(self, key: str, elf: ElfFile, m: Mapping) -> UnwindTable | None:
+    def _table_now(self, key: str, elf: ElfFile, m: Mapping, stopped: bool) -> UnwindTable | None:
         """`elf`'s table; None when it is built in the background instead: a target is held stopped for this
-        and the table is large and not in the cache."""
-        eh = elf.section(".eh_frame") if self._stopped else None
+        (`stopped`) and the table is large and not in the cache."""
+        eh = elf.section(".eh_frame") if stopped else None
         if eh is None or eh.size < self.defer_bytes:
             return self._table_for(elf.fd_path)
         table = self._cached_for(elf.fd_path)
@@ -457,20 +451,20 @@ class UnwindTables:
             if not build.done():
                 continue
             del self._building[key]
-            try:
-                table: UnwindTable | None = build.result()
-            except (AiflameError, OSError) as e:
-                self.stats.errors[m.path] = str(e).replace(read, m.path)
-                self._failed.add(key)
-                table = None
             users = {p for p, ents in self._proc_keys.items() if any(k == key for _, k in ents)}
-            if table is not None and self._place(key, table, m, False) == key and key in self._files:
-                self._files[key].users = users
-                n += 1
-                log.info("unwind table of %s built in the background: %d rows, stored %.2f s after it was asked for",
-                         m.path, len(table), time.monotonic() - asked)
-            for user in sorted(users):
-                self._write_proc(user)
+            try:
+                table = build.result()
+                if self._place(key, table, m, False) == key and key in self._files:
+                    self._files[key].users = users
+                    n += 1
+                    log.info("unwind table of %s built in the background: %d rows, stored %.2f s after it was "
+                             "asked for", m.path, len(table), time.monotonic() - asked)
+            except (AiflameError, OSError) as e:
+                self.stats.errors[m.path] = _named(str(e), read, m.path)
+                self._failed.add(key)
+            finally:  # stored, deferred or failed: no longer walked as being built
+                for user in sorted(users):
+                    self._write_proc(user)
         return n
 
     def _file_of(self, pid: int, m: Mapping) -> str:
@@ -599,6 +593,14 @@ class Coverage:
     rows: int
     rules_followable: float  # share of the covered rows whose CFA rule BPF follows (not INVALID)
     error: str = ""
+
+
+def _named(error: str, read: str, path: str) -> str:
+    """`error` of a table read through `read` (/proc/self/fd/N: the file's parsers name it "N"), naming `path`."""
+    base = os.path.basename(read)
+    if error.startswith(base + ":"):
+        error = path + error[len(base):]
+    return error.replace(read, path)
 
 
 def _is_jit(path: str) -> bool:

@@ -19,7 +19,7 @@ from aiflame.agent.kernel.records import (
     TargetFlag,
 )
 from aiflame.agent.kernel.sampler import CpuSampler, SamplerConfig, bpf_source
-from aiflame.agent.kernel.unwind import MAX_MAPS, ROWS_EVICTED, ROWS_JIT, UnwindProc
+from aiflame.agent.kernel.unwind import MAX_MAPS, ROWS_EVICTED, ROWS_JIT, ROWS_PENDING, UnwindProc
 from aiflame.core.unwind import STOPS, USED_FP, USED_SCAN
 from aiflame.symbolize.objfmt import cfi
 
@@ -74,4 +74,4 @@ def test_unwind_constants_agree() -> None:
     assert stops == {code: f"UW_STOP_{key.upper()}" for code, (key, _) in STOPS.items()}
     assert d["UW_USED_SCAN"] == USED_SCAN
     assert d["UW_USED_FP"] == USED_FP and d["AIFLAME_UNWIND_MAPS"] == MAX_MAPS and d["UW_ROWS_EVICTED"] == ROWS_EVICTED
-    assert d["UW_ROWS_JIT"] == ROWS_JIT
+    assert d["UW_ROWS_JIT"] == ROWS_JIT and d["UW_ROWS_PENDING"] == ROWS_PENDING

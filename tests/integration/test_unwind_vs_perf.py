@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from aiflame.core.errors import AiflameError
 from aiflame.core.model import Frame, FrameKind
 from aiflame.symbolize.objfmt.cfi import load_or_build
 from tests.conftest import INTERPRETERS
@@ -53,7 +54,10 @@ def _cache_torch_tables() -> None:
     assert spec is not None and spec.submodule_search_locations, "torch is a test dependency"
     for lib in sorted(Path(next(iter(spec.submodule_search_locations)), "lib").glob("lib*.so*")):
         if lib.is_file():
-            load_or_build(lib)
+            try:
+                load_or_build(lib)
+            except (AiflameError, OSError):
+                pass  # no table: the capture says so, as it would have
 
 
 @pytest.fixture(scope="module")
