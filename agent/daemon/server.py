@@ -46,7 +46,8 @@ log = logging.getLogger("aiflame.daemon")
 # The main loop sleeps up to this long between drains (less when a fast rate on many CPUs could fill the ring
 # sooner). Records that need the agent now (library opens), signals and control requests wake it at once.
 POLL_S = 2.0
-CAPTURE_POLL_S = 0.1  # while an on-demand capture runs: its targets may be stopped at a library open
+CAPTURE_POLL_S = 0.1  # while an on-demand capture runs: its targets may be stopped at a library open; while CFI
+# tables build in the background: the drain stores them
 MAX_STATUS_TARGETS = 200
 
 
@@ -153,7 +154,8 @@ class Daemon:
             if now >= next_scan:
                 self._scan()
                 next_scan = now + self.cfg.watch.scan_interval_s
-            poll = CAPTURE_POLL_S if self.captures.running else self._poll_s
+            building = self.collector.sampler.tables_building
+            poll = CAPTURE_POLL_S if self.captures.running or building else self._poll_s
             wake_at = min(time.monotonic() + poll, next_scan, self.windows.end)
             self.collector.tick(max(wake_at - time.monotonic(), 0))
             self.signals.clear()

@@ -367,6 +367,11 @@ class CpuSampler:
             return 0
 
     @property
+    def tables_building(self) -> bool:
+        """Whether CFI tables are being built in the background: the next drain stores those that are done."""
+        return self._unwind is not None and self._unwind.building
+
+    @property
     def unwind_stats(self) -> UnwindStats | None:
         return self._unwind.stats if self._unwind is not None else None
 

@@ -209,6 +209,11 @@ class UnwindTables:
         self._vdso_looked = False
         self.stats = UnwindStats(rows_capacity=self.capacity)
 
+    @property
+    def building(self) -> bool:
+        """Whether tables are being built in the background (catch_up stores them)."""
+        return bool(self._building)
+
     def close(self) -> None:
         if self._builder is not None:  # builds queued go on (each closes its file): their tables fill the cache
             self._builder.shutdown(wait=False)
