@@ -382,7 +382,8 @@ class UnwindTables:
                 self._evicted.add(key)  # _store noted its size
                 self.stats.deferred += 1
                 return key
-            self.stats.errors.setdefault(m.path, f"{m.path}: its {len(table)} CFI rows do not fit the table pool")
+            why = "no CFI rows" if not len(table) else f"its {len(table)} CFI rows do not fit the table pool"
+            self.stats.errors.setdefault(m.path, f"{m.path}: {why}")
             self._failed.add(key)
             return ""
         return key

@@ -279,12 +279,14 @@ def test_freed_neighbours_merge(files: Callable[[str], str]) -> None:
 
 def test_files_without_a_usable_table_fall_back(files: Callable[[str], str]) -> None:
     p = make_pool(8, {"huge": table((R1,), 9), "bad": Unreadable("bad: CIE pointer outside .eh_frame"),
-                      "ok": table((R1,), 3)})
-    huge, bad, ok = files("huge"), files("bad"), files("ok")
+                      "ok": table((R1,), 3), "empty": table((R1,), 0)})
+    huge, bad, ok, empty = files("huge"), files("bad"), files("ok"), files("empty")
     for pid in (1, 2):
         p.tables.add_process(pid, [mapping(huge, 0x1000_0000), mapping(bad, 0x2000_0000), mapping(ok, 0x3000_0000)])
     assert p.built == ["huge", "bad", "ok"]  # a failed file is not tried again (another process, a re-read)
     assert "do not fit the table pool" in p.tables.stats.errors[huge]
+    p.tables.add_process(3, [mapping(empty, 0x4000_0000)])
+    assert p.tables.stats.errors[empty] == f"{empty}: no CFI rows"  # not "its 0 rows do not fit"
     assert p.tables.stats.errors[bad] == "bad: CIE pointer outside .eh_frame"
     assert [(m.first_row, m.nrows) for m in p.proc(2)] == [(0, 0), (0, 0), (0, 3)]  # frame pointers, then rows
     assert p.tables.stats.evicted == 0  # the pool was not emptied for a table that could never fit
