@@ -444,11 +444,15 @@ class UnwindTables:
             if self._load(pid, m, reload=True) == key and key in self._files:
                 n += 1
                 self.stats.reloaded += 1
-                users = {p for p, ents in self._proc_keys.items() if any(k == key for _, k in ents)}
+                users = self._users_of(key)
                 self._files[key].users = users
                 for user in sorted(users):
                     self._write_proc(user)
         return n
+
+    def _users_of(self, key: str) -> set[int]:
+        """The processes that map table `key`'s file."""
+        return {p for p, ents in self._proc_keys.items() if any(k == key for _, k in ents)}
 
     def _built(self) -> int:
         """Store the background builds that are done; how many were stored."""
@@ -457,7 +461,7 @@ class UnwindTables:
             if not build.done():
                 continue
             del self._building[key]
-            users = {p for p, ents in self._proc_keys.items() if any(k == key for _, k in ents)}
+            users = self._users_of(key)
             try:
                 table = build.result()
                 if self._place(key, table, m, False) == key and key in self._files:

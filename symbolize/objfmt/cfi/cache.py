@@ -156,22 +156,25 @@ def _content_key(fd: int) -> str:
     return "sha256-" + h.hexdigest()
 
 
+def _build_id_key(o: _Opened) -> str | None:
+    """The cache key of an opened file with a build id (one safe as a file name), else None."""
+    bid = o.elf.build_id
+    return bid if bid and set(bid) <= _SAFE_KEY else None
+
+
 def load_cached(path: str | os.PathLike[str], cache_dir: str | None = None) -> UnwindTable | None:
     """The table of `path` when the cache holds it, else None; never builds. Files with a build id only: the key
     of one without is a hash of its whole content, no quicker than a build."""
     with _Opened(path) as o:
-        bid = o.elf.build_id
-        if not bid or not set(bid) <= _SAFE_KEY:
-            return None
-        return _read_cached(cache_path(bid, cache_dir), bid)
+        key = _build_id_key(o)
+        return _read_cached(cache_path(key, cache_dir), key) if key else None
 
 
 def load_or_build(path: str | os.PathLike[str], cache_dir: str | None = None, engine: Engine = "auto") -> UnwindTable:
     """The table of `path` from the cache under `cache_dir` (default: default_cache_dir()/cfi), keyed by
     build id or else the SHA-256 of the content; built and stored when absent, stale or corrupt."""
     with _Opened(path) as o:
-        bid = o.elf.build_id
-        key = bid if bid and set(bid) <= _SAFE_KEY else _content_key(o.fd)
+        key = _build_id_key(o) or _content_key(o.fd)
         cpath = cache_path(key, cache_dir)
         table = _read_cached(cpath, key)
         if table is None:
