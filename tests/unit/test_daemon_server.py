@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -125,13 +125,23 @@ def test_latest_windows_and_status(daemon: Daemon, monkeypatch: pytest.MonkeyPat
     assert s["agent_cpu_s"] >= 0
 
 
-def test_continuous_sampler_takes_the_launch_stack_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[tuple[SamplerConfig, bool]] = []
+@dataclass
+class _Made:
+    """What the daemon did with its collectors (a fake Collector): their sampler configs and runtimes flags as
+    made, and the configs of those it closed."""
+
+    made: list[tuple[SamplerConfig, bool]] = field(default_factory=list)
+    closed: list[SamplerConfig] = field(default_factory=list)
+
+
+def _fake_collectors(monkeypatch: pytest.MonkeyPatch) -> _Made:
+    seen = _Made()
 
     class Made(FakeCollector):
         def __init__(self, sampler: SamplerConfig, runtimes: bool, label: str, max_probed_libraries: int) -> None:
             super().__init__([])
-            made.append((sampler, runtimes))
+            seen.made.append((sampler, runtimes))
+            self.config = sampler
             self.sampler = SimpleNamespace(watch=lambda fd: None)
 
         def start(self) -> None:
@@ -140,11 +150,19 @@ def test_continuous_sampler_takes_the_launch_stack_rate(tmp_path: Path, monkeypa
         def drain_interval(self, poll_s: float) -> float:
             return poll_s
 
+        def close(self) -> None:
+            seen.closed.append(self.config)
+
     monkeypatch.setattr("aiflame.agent.daemon.server.Collector", Made)
+    return seen
+
+
+def test_continuous_sampler_takes_the_launch_stack_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _fake_collectors(monkeypatch)
     cfg = DaemonConfig(continuous=ContinuousConfig(frequency=19, launch_stacks=5), output=OutputConfig(dir=tmp_path),
                        control=ControlConfig(socket=tmp_path / "agent.sock"))
     Daemon(cfg)._new_collector()
-    (sampler, runtimes), = made
+    (sampler, runtimes), = seen.made
     assert runtimes and sampler.call_rate == 5 and sampler.frequency == 19
 
 
@@ -166,26 +184,7 @@ class _Windows:
                                                    ("launch_stacks = 5\nwindow_s = 9", False)])
 def test_a_reload_resamples_when_the_launch_stack_rate_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 change: str, resampled: bool) -> None:
-    made: list[SamplerConfig] = []
-    closed: list[SamplerConfig] = []
-
-    class Made(FakeCollector):
-        def __init__(self, sampler: SamplerConfig, runtimes: bool, label: str, max_probed_libraries: int) -> None:
-            super().__init__([])
-            made.append(sampler)
-            self.config = sampler
-            self.sampler = SimpleNamespace(watch=lambda fd: None)
-
-        def start(self) -> None:
-            pass
-
-        def drain_interval(self, poll_s: float) -> float:
-            return poll_s
-
-        def close(self) -> None:
-            closed.append(self.config)
-
-    monkeypatch.setattr("aiflame.agent.daemon.server.Collector", Made)
+    seen = _fake_collectors(monkeypatch)
     conf = tmp_path / "aiflame.toml"
     base = (f'[continuous]\nlaunch_stacks = 5\n[output]\ndir = "{tmp_path / "out"}"\n'
             f'[control]\nsocket = "{tmp_path / "s"}"\n')
@@ -198,7 +197,8 @@ def test_a_reload_resamples_when_the_launch_stack_rate_changes(tmp_path: Path, m
     monkeypatch.setattr(daemon, "captures", SimpleNamespace(reconfigure=lambda cfg, out: None))
     conf.write_text(base.replace("launch_stacks = 5", change))
     daemon._reload()
+    made = [sampler for sampler, _ in seen.made]
     assert [m.call_rate for m in made] == ([5, 7] if resampled else [5])
-    assert closed == made[:1] if resampled else not closed
+    assert seen.closed == made[:1] if resampled else not seen.closed
     assert (daemon.collector is not first) == resampled
     assert windows.calls == (["reconfigure", "close reload", "open"] if resampled else ["reconfigure"])
