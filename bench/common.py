@@ -17,6 +17,15 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "bin"
 RESULTS = REPO / "bench" / "results"
 PERF_EVENT_PROG = 7  # BPF_PROG_TYPE_PERF_EVENT
+# `aiflame profile` arguments of the modes the benches of issue #25 compare
+PROFILE_MODES: dict[str, list[str]] = {
+    "cpu": ["--no-runtimes", "--no-gpu-samples"],  # CPU sampling only
+    "probes": ["--no-gpu-samples"],  # CPU sampling and the runtime probes (no CUPTI)
+    # each call's return probed on its own, as before uprobe session links (kernel 6.13)
+    "probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
+    # the daemon's defaults (agent/daemon/config.py ContinuousConfig, sampling cpu-clock)
+    "daemon": ["--no-gpu-samples", "-F", "19", "--event", "cpu-clock", "--launch-stacks", "20"],
+}
 
 
 def rss_mb(pid: int) -> float:

@@ -27,16 +27,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
-from common import REPO, RESULTS, aiflame_cmd, vm_hwm_kb
+from common import PROFILE_MODES, REPO, RESULTS, aiflame_cmd, vm_hwm_kb
 
 LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
 FREQ: list[str] = []  # --frequency: -F for aiflame profile
 PYTHON = [sys.executable]  # the interpreter running the loop (--python: a side venv with the CUDA build of torch)
-MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"], "full": [],
-         # each call's return probed on its own (before uprobe session links): the launch counts must match probes'
-         "probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
-         # the daemon's defaults (agent/daemon/config.py)
-         "daemon": ["--no-gpu-samples", "-F", "19", "--event", "cpu-clock", "--launch-stacks", "20"]}
+# probes_separate: the launch counts must match probes'; full: the defaults, CUPTI too (with a GPU)
+MODES = PROFILE_MODES | {"full": []}
 
 
 def _steps(stdout: str) -> dict[str, float]:

@@ -25,17 +25,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import REPO, aiflame_cmd, conditions, save
+from common import PROFILE_MODES, REPO, aiflame_cmd, conditions, save
 from launch_rate import PY_DRIVER, _build
 
-# "daemon": the daemon's defaults (agent/daemon/config.py: 19 Hz of cpu-clock, 20 launch stacks a second per CPU)
-MODES = {"cpu": ["--no-runtimes", "--no-gpu-samples"], "probes": ["--no-gpu-samples"],
-         "daemon": ["--no-gpu-samples", "-F", "19", "--event", "cpu-clock", "--launch-stacks", "20"]}
+MODES = {m: PROFILE_MODES[m] for m in ("cpu", "probes", "daemon")}
 # for comparison (--modes): profile's launch stacks at the daemon's rate, and each call's return probed on its own
 # (as before uprobe session links)
-MORE_MODES = {"probes_19hz": ["--no-gpu-samples", "-F", "19"],
-              "probes_separate": ["--no-gpu-samples", "--separate-return-probes"],
+MORE_MODES = {"probes_19hz": ["--no-gpu-samples", "-F", "19"], "probes_separate": PROFILE_MODES["probes_separate"],
               "probes_19hz_separate": ["--no-gpu-samples", "-F", "19", "--separate-return-probes"]}
+ALL_MODES = MODES | MORE_MODES
 # with --attach: a window with nothing attached, measured like the others (the bench's own bias and spread)
 NONE = "none"
 
@@ -55,7 +53,7 @@ def run(job: list[str], mode: str, out: Path, job_cpu: int, agent_cpu: int) -> d
     from aiflame.core.capture import read_capture
 
     cmd = ["taskset", "-c", str(agent_cpu), *aiflame_cmd("profile", "-q", "--force", "-o", str(out), "--formats",
-                                                        "folded", *(MODES | MORE_MODES)[mode], "--", *pinned)]
+                                                        "folded", *ALL_MODES[mode], "--", *pinned)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"aiflame profile ({mode}) failed ({proc.returncode}):\n{proc.stdout[-1500:]}"
@@ -103,7 +101,7 @@ def attach(job: list[str], modes: list[str], windows: int, seconds: float, tmp: 
                     continue
                 out = tmp / f"attach{w}{m}"
                 subprocess.run(["taskset", "-c", "0", *aiflame_cmd(
-                    "profile", "-q", "--force", "-o", str(out), "--formats", "folded", *(MODES | MORE_MODES)[m],
+                    "profile", "-q", "--force", "-o", str(out), "--formats", "folded", *ALL_MODES[m],
                     "--pid", str(proc.pid), "-d", str(seconds))], cwd=REPO, check=True, capture_output=True)
                 cap = read_capture(out / "profile.aiflame")
                 assert cap.footer is not None
@@ -135,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--work-us", type=float, default=90, help="Python work before each launch, in us (90)")
     ap.add_argument("--python", default=sys.executable, help="the Python that runs the loop")
     ap.add_argument("--modes", default=",".join(MODES),
-                    help=f"comma-separated, of {', '.join(MODES | MORE_MODES)} (default {','.join(MODES)}); with "
+                    help=f"comma-separated, of {', '.join(ALL_MODES)} (default {','.join(MODES)}); with "
                          f"--attach also {NONE} (a window with nothing attached)")
     ap.add_argument("--settle", type=float, default=0.5, metavar="S",
                     help="with --attach: each window's rate from S seconds after its capture began (0.5)")
@@ -147,9 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("launch_steps: skipped, needs two CPUs (the job pinned to one, aiflame to the other)")
         return 0
     modes = a.modes.split(",")
-    if unknown := set(modes) - set(MODES | MORE_MODES) - ({NONE} if a.attach else set()):
+    if unknown := set(modes) - set(ALL_MODES) - ({NONE} if a.attach else set()):
         raise SystemExit(f"launch_steps: unknown mode(s) {', '.join(sorted(unknown))} "
-                         f"(known: {', '.join(MODES | MORE_MODES)})")
+                         f"(known: {', '.join(ALL_MODES)})")
     rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="aiflame-launch-steps-") as tmp:
         lib = _build(Path(tmp), shared=True)

@@ -21,11 +21,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import REPO, RESULTS, aiflame_cmd
+from common import PROFILE_MODES, REPO, RESULTS, aiflame_cmd
 
 LOOP = REPO / "bench" / "gpu" / "gpt_loop.py"
-MODES: dict[str, list[str] | None] = {"alone": None, "cpu": ["--no-runtimes", "--no-gpu-samples"],
-                                      "probes": ["--no-gpu-samples"]}
+MODES: dict[str, list[str] | None] = {"alone": None, "cpu": PROFILE_MODES["cpu"], "probes": PROFILE_MODES["probes"]}
 
 
 def _run(mode: str, python: str, device: str, out: Path, cache: Path | None = None) -> dict[str, float]:
