@@ -25,10 +25,11 @@ def _require_root() -> None:
         pytest.fail("BPF integration tests need root (run `sudo make test`)")
 
 
-def aiflame(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would, in a child process."""
+def aiflame(*args: str, timeout: float = 120, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would, in a child process (`env`: variables set on top of ours)."""
     proc = subprocess.run([sys.executable, "-m", "aiflame", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **env} if env else None)
     if check and proc.returncode != 0:
         raise AssertionError(f"aiflame {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -6,8 +6,6 @@ and the walks through libtorch once it is stored are those of a capture whose ta
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from aiflame.core.capture import read_capture
 from aiflame.core.unwind import END, USED_FP, USED_SCAN, stop_of
 from aiflame.symbolize.native import NativeSymbolizer
 from aiflame.symbolize.stacks import StackOptions, symbolize_capture
-from tests.conftest import REPO
+from tests.integration.conftest import aiflame
 from tests.unwind_oracle import TORCH_WORK, cpp_under_python, share
 
 CPU_S = "5"  # the dispatcher loop's seconds of CPU after the import: ~450 samples of it at 99 Hz
@@ -25,10 +23,8 @@ def _capture(out: Path, cache: Path) -> tuple[dict[str, int], float, int, float,
     """One capture of the dispatcher loop under `profile` (probes on) with `cache` as aiflame's cache: its
     counters; the share of the loop's samples (those under `step`) with libtorch's C++ frames under it; the
     share of the samples of the capture's last half (the loop's) walked by CFI alone to the outermost frame."""
-    proc = subprocess.run([sys.executable, "-m", "aiflame", "profile", "-q", "-F", "99", "--formats", "folded",
-                           "-o", str(out), "--", sys.executable, str(TORCH_WORK), CPU_S], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "AIFLAME_CACHE": str(cache)})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    aiflame("profile", "-q", "-F", "99", "--formats", "folded", "-o", str(out), "--", sys.executable,
+            str(TORCH_WORK), CPU_S, timeout=600, env={"AIFLAME_CACHE": str(cache)})
     cap = read_capture(out / "profile.aiflame")
     assert cap.footer is not None
     prof = symbolize_capture(cap, NativeSymbolizer(), StackOptions(group="none", kernel=False, native_interp=True))
