@@ -53,6 +53,9 @@ REWANT_WINDOW_NS = 10_000_000_000  # ... within this long (a first stop older th
 # at a stop, a table not cached whose .eh_frame is this large or larger is built in the background: ~30 ms of the
 # C engine's build per MiB, 0.5 s for libtorch_cpu's 17 MiB
 DEFER_BYTES = 1 << 20
+# background builds in flight at most (each holds its file open): past them, built during the stop, so a target
+# opening thousands of large libraries cannot run the agent out of descriptors
+MAX_BACKGROUND = 16
 # struct unwind_map: start, end, bias, first_row, nrows, index_first, page_base, npages, page_shift, table_id, pad
 _MAP = struct.Struct("<QQQIIIIIIII")
 PAGE_SHIFT = 12  # a page index has one entry per 4 KiB of a file's code, or per larger page where that is sparse
@@ -349,7 +352,7 @@ class UnwindTables:
     def _table_now(self, key: str, elf: ElfFile, m: Mapping, stopped: bool) -> UnwindTable | None:
         """`elf`'s table; None when it is built in the background instead: a target is held stopped for this
         (`stopped`) and the table is large and not in the cache."""
-        eh = elf.section(".eh_frame") if stopped else None
+        eh = elf.section(".eh_frame") if stopped and len(self._building) < MAX_BACKGROUND else None
         if eh is None or eh.size < self.defer_bytes:
             return self._table_for(elf.fd_path)
         table = self._cached_for(elf.fd_path)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from aiflame.agent.kernel.bpf_object import BpfMap, BpfObject
 from aiflame.agent.kernel.unwind import (
     DEFER_BYTES,
+    MAX_BACKGROUND,
     MAX_PAGE_ROWS,
     PAGE_SHIFT,
     REWANT_NS,
@@ -559,3 +560,23 @@ def _background_builds(p: Pool, gate: threading.Event, files: Callable[[str], st
     assert (p.proc(3)[1].first_row, p.proc(3)[1].nrows) == (0, 0)
     p.tables.add_process(3, [mapping(bad, 0x6000_0000)], stopped=True)
     assert p.built.count("bad") == 1 and p.tables.stats.background == 2  # not tried again
+
+
+def test_background_builds_in_flight_are_bounded(files: Callable[[str], str]) -> None:
+    # a target opening many large libraries at once: past MAX_BACKGROUND builds in flight (each holding its file
+    # open), the next is built during the stop as before
+    gate = threading.Event()
+    names = [f"lib{i}" for i in range(MAX_BACKGROUND + 1)]
+    p = make_pool(4096, {n: table((R1,), 3) for n in names}, gates={n: gate for n in names})
+    p.tables.defer_bytes = 1
+    try:
+        for i, n in enumerate(names[:-1]):
+            p.tables.add_process(i + 1, [mapping(files(n), 0x1000_0000)], stopped=True)
+        assert p.tables.stats.background == MAX_BACKGROUND and p.built == []
+        gate.set()  # the last one is built at once, in this thread: its gate must let it go
+        p.tables.add_process(99, [mapping(files(names[-1]), 0x1000_0000)], stopped=True)
+        assert p.tables.stats.background == MAX_BACKGROUND and [m.nrows for m in p.proc(99)] == [3]
+        _caught_up(p, MAX_BACKGROUND)
+    finally:
+        gate.set()
+        p.tables.close()
