@@ -111,6 +111,12 @@ static double cpu_seconds(void) {
     return (double)t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* n scaled by a pseudo-random 0.5-1.5: same mean, no fixed period */
+static unsigned long drawn(unsigned long n, unsigned *state) {
+    *state = *state * 1103515245u + 12345u;
+    return n / 2 + n * ((*state >> 16) % 1024) / 1024;
+}
+
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
     unsigned long chunk = 200000;
@@ -129,19 +135,21 @@ int main(int argc, char **argv) {
             armed = 1;
         }
         /* 7 of 10 calls to caller_a, in a pseudo-random order: a fixed a,a,...,b,b,b pattern is periodic, and perf's
-         * regular clock could lock onto it (once it read 74/26 while aiflame read 67.6/32.4 of the same run) */
+         * regular clock could lock onto it (once it read 74/26 while aiflame read 67.6/32.4 of the same run).
+         * Each call's length is drawn too (0.5-1.5 chunks): with fixed lengths the round itself is periodic, and
+         * perf once read tail_target, at a fixed place in it, at 3.7 % where aiflame read 7.6 % */
         for (int i = 0; i < 10; i++) {
             order = order * 1103515245u + 12345u;
             if ((order >> 16) % 10 < 7)
-                caller_a(chunk);
+                caller_a(drawn(chunk, &order));
             else
-                caller_b(chunk);
+                caller_b(drawn(chunk, &order));
         }
-        tail_entry(chunk);
-        with_alloca(chunk);
-        realigned_outer(chunk, 8 + (order & 7));
-        via_plt(chunk);
-        in_vdso(chunk / 8);
+        tail_entry(drawn(chunk, &order));
+        with_alloca(drawn(chunk, &order));
+        realigned_outer(drawn(chunk, &order), 8 + (order & 7));
+        via_plt(drawn(chunk, &order));
+        in_vdso(drawn(chunk / 8, &order));
     }
     return 0;
 }
