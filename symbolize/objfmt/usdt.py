@@ -63,9 +63,14 @@ class UsdtNote:
     pc: int  # adjusted link-time address of the probe site
     semaphore: int  # adjusted link-time address of the semaphore (u16), 0 for none
     args_text: str
-    args: tuple[UsdtArg, ...]
     offset: int = -1  # file offset of pc (where the uprobe goes), -1 unknown
     semaphore_offset: int = -1  # file offset of the semaphore, -1 none or unknown
+
+    @property
+    def args(self) -> tuple[UsdtArg, ...]:
+        """The parsed arguments; Unreadable for a form we do not read. Parsed on use, so that one site's odd
+        argument (libcufile's 16-byte '16@80(%rsp)') refuses that site alone, not every note of its file."""
+        return parse_args(self.args_text)
 
 
 _ARG = re.compile(r"^(?:(-?\d+)@)?(.+)$")
@@ -113,7 +118,8 @@ def parse_notes(data: bytes, *, is64: bool = True, little: bool = True,
                 base_addr: int | None = None) -> list[UsdtNote]:
     """Every stapsdt note in the contents of a `.note.stapsdt` section. `base_addr` is the actual address of
     `.stapsdt.base` (None: the section is absent, no adjustment). Notes of other owners are skipped; a malformed
-    stapsdt note (or a truncated section) raises Unreadable. Offsets are left -1 (see read_notes)."""
+    stapsdt note (or a truncated section) raises Unreadable; an argument string is parsed when used
+    (UsdtNote.args). Offsets are left -1 (see read_notes)."""
     bo = "<" if little else ">"
     head = struct.Struct(bo + "III")
     word = 8 if is64 else 4
@@ -144,7 +150,7 @@ def parse_notes(data: bytes, *, is64: bool = True, little: bool = True,
             if sem:
                 sem += delta
         mask = (1 << (8 * word)) - 1
-        out.append(UsdtNote(provider, name, pc & mask, sem & mask, args_text, parse_args(args_text)))
+        out.append(UsdtNote(provider, name, pc & mask, sem & mask, args_text))
     if pos < len(data) and any(data[pos:]):
         raise Unreadable(f"SDT notes: {len(data) - pos} stray bytes at the section end")
     return out
@@ -162,6 +168,6 @@ def read_notes(elf: ElfFile) -> list[UsdtNote]:
     for n in notes:
         off = elf.vaddr_to_file_offset(n.pc)
         sem = elf.vaddr_to_file_offset(n.semaphore) if n.semaphore else None
-        out.append(UsdtNote(n.provider, n.name, n.pc, n.semaphore, n.args_text, n.args,
+        out.append(UsdtNote(n.provider, n.name, n.pc, n.semaphore, n.args_text,
                             -1 if off is None else off, -1 if sem is None else sem))
     return out

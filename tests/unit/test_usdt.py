@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiflame.agent.runtimes.usdt import usdt_spec
 from aiflame.core.errors import Unreadable
 from aiflame.symbolize.objfmt.usdt import REGISTERS, UsdtArg, parse_args, parse_notes
 
@@ -57,12 +58,29 @@ def test_malformed() -> None:
         parse_notes(struct.pack("<III", 8, 8, 3) + b"stapsdt\0" + bytes(8))
 
 
+def test_an_odd_argument_refuses_its_site_alone() -> None:
+    # Oracle: by construction — libcufile.so.0 (CUDA 13) has a site with a 16-byte argument, '16@80(%rsp)': reading
+    # the file's notes must not fail on it, only that site's probe (usdt_spec), so other sites stay usable
+    data = _note(0x1000, 0x2000, 0, b"cufile", b"odd", b"8@%rdi 16@80(%rsp)") + \
+        _note(0x1100, 0x2000, 0, b"level_zero", b"launch_kernel", b"8@%rdi -4@$5")
+    odd, good = parse_notes(data)
+    assert good.args == (UsdtArg(8, False, "reg", REGISTERS.index("rdi")), UsdtArg(4, True, "const", value=5))
+    with pytest.raises(Unreadable, match="size 16"):
+        usdt_spec(odd, "odd")
+    assert usdt_spec(good, "launch_kernel").usdt[1].const == 5
+
+
 @given(st.binary(max_size=256))
 def test_fuzz_never_crashes(data: bytes) -> None:
     try:
-        parse_notes(data)
+        notes = parse_notes(data)
     except Unreadable:
-        pass
+        return
+    for n in notes:
+        try:
+            assert all(a.size in (1, 2, 4, 8) for a in n.args)
+        except Unreadable:
+            pass
 
 
 @given(st.text(max_size=40))
