@@ -52,6 +52,11 @@ static __always_inline void sample_walked(struct sample_rec *rec, struct uw_stat
     rec->unwind = st->why;
 }
 
+static __always_inline int sample_unfinished(struct sample_rec *rec) {
+    (void)rec;
+    return 0; /* the sample is lost, counted as uw_tailcall_fail */
+}
+
 UW_STEP_PROGRAM(sample, struct bpf_perf_event_data, struct sample_rec)
 UW_SCAN_PROGRAM(sample, struct bpf_perf_event_data, struct sample_rec)
 

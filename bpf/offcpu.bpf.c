@@ -58,6 +58,11 @@ static __always_inline void offcpu_walked(struct sample_rec *rec, struct uw_stat
     rec->unwind = st->why;
 }
 
+static __always_inline int offcpu_unfinished(struct sample_rec *rec) {
+    (void)rec;
+    return 0; /* the sample is lost, counted as uw_tailcall_fail */
+}
+
 TRACEPOINT_PROBE(sched, sched_wakeup) {
     u32 tid = args->pid;
     struct offcpu_since *b = offcpu_blocked.lookup(&tid);

@@ -588,15 +588,15 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
  *   KIND_walk()             its walk state (struct uw_state *)
  *   KIND_tail(ctx, prog)    a tail call into its prog array (returns only when the call did not happen)
  *   KIND_walked(rec, st)    the record takes the walk's frames (and how it ended) before its finish program
+ *   KIND_unfinished(rec)    the program's return value when the finish program's tail call did not happen
  * uw_KIND_step walks AIFLAME_UW_FRAMES more frames, then tail-calls itself, the scan, or the finish program;
  * uw_KIND_scan (walks that may scan: not launch stacks) looks for a return address past code without CFI and
  * steps on from it. */
 #define UW_WALK_DONE(KIND, ctx, rec, st)                                                     \
-    do {                                                                                     \
-        KIND##_walked(rec, st);                                                              \
-        KIND##_tail(ctx, UW_PROG_FINISH);                                                    \
-        count(CNT_UW_TAILCALL_FAIL); /* reached only when the tail call did not happen */    \
-    } while (0)
+    KIND##_walked(rec, st);                                                                  \
+    KIND##_tail(ctx, UW_PROG_FINISH);                                                        \
+    count(CNT_UW_TAILCALL_FAIL); /* reached only when the tail call did not happen */        \
+    return KIND##_unfinished(rec)
 
 #define UW_STEP_PROGRAM(KIND, CTX, REC)                                                      \
     int uw_##KIND##_step(CTX *ctx) {                                                         \
@@ -609,7 +609,6 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
         if (st->scan_now)                                                                    \
             KIND##_tail(ctx, UW_PROG_SCAN);                                                  \
         UW_WALK_DONE(KIND, ctx, rec, st);                                                    \
-        return 0;                                                                            \
     }
 
 #define UW_SCAN_PROGRAM(KIND, CTX, REC)                                                      \
@@ -623,7 +622,6 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
         else if (st->scan_now)                                                               \
             KIND##_tail(ctx, UW_PROG_SCAN);                                                  \
         UW_WALK_DONE(KIND, ctx, rec, st);                                                    \
-        return 0;                                                                            \
     }
 
 #endif /* AIFLAME_WALK_H */

@@ -3,11 +3,13 @@ and a launch counted without a record costs one trap: with uprobe session links 
 probed, so the entry leaves its in_launch entry behind, and a later launch tells whether that one is still open
 by its stack (bpf/runtime_probes.bpf.c, launch_open). Each round of the program launches four kernels: one
 through a runtime call that calls the driver's, one that jumps to it as its last act, and two straight to the
-driver's, from the same depth and from deeper."""
+driver's, from the same depth and from deeper. A launch whose stack walk cannot reach its finish program (a
+failed tail call) is counted on without its record, as one the ring had no room for."""
 
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -15,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from aiflame.agent.kernel import bpf_sys
-from aiflame.agent.kernel.sampler import CallRecord, CpuSampler, ProbeRecord, RetRecord, SamplerConfig
+from aiflame.agent.kernel.sampler import UW_PROGS, CallRecord, CpuSampler, ProbeRecord, RetRecord, SamplerConfig
 from aiflame.agent.kernel.uprobes import ProbeSite
+from aiflame.agent.process_table import ProcessTable
 from aiflame.agent.runtimes.base import ARG0, ProbeSpec
 from aiflame.agent.runtimes.manager import spec_rec
 from aiflame.symbolize.objfmt.elf import ElfFile
@@ -103,3 +106,57 @@ def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Pat
         assert runs == entries + rets, (runs, entries, rets)
     else:
         assert runs == 2 * entries, (runs, entries)  # on_ret runs at every return
+
+
+@pytest.mark.parametrize("walked", [False, True], ids=["entry", "walk"])
+def test_a_walk_that_cannot_finish_keeps_its_launches_counted_and_no_return(program: Path, walked: bool) -> None:
+    # Oracle: the program's structure; each round launches kernels 1-4 once, 1 and 4 through the runtime's call.
+    # The walk's finish program is taken out of its prog array, so every launch's tail call to it fails: the
+    # launches are counted on without records (none lost, the launches an earlier record would have carried
+    # kept too), and no return is kept for calls that have no record. `walked`: the process has CFI tables, so
+    # the failure is in the walk's step program; else in the entry's own program.
+    with ElfFile.open(program) as elf:
+        at = {n: elf.vaddr_to_file_offset(a) for n, a in elf.function_addresses(set(PROBES)).items()}
+    assert all(v is not None for v in at.values()) and len(at) == 3, at
+    records: list[ProbeRecord] = []
+    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, call_rate=1_000_000), lambda s: None,
+                         lambda e: None, records.append)
+    proc = subprocess.Popen([str(program), str(ROUNDS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    stats = bpf_sys.enable_stats()
+    try:
+        sampler.start([proc.pid])
+        if walked:
+            snap = ProcessTable().read(proc.pid, 0)
+            assert snap is not None
+            sampler.set_mappings(proc.pid, snap.mappings)
+        # no other way to make a tail call fail: the prog array is the sampler's own
+        obj = sampler._obj  # noqa: SLF001
+        finish = UW_PROGS["uw_call_progs"].index("call_finish")
+        assert obj is not None and obj.maps["uw_call_progs"].delete(struct.pack("<I", finish))
+        for name, probe in PROBES.items():
+            sampler.set_probe_spec(probe, spec_rec(ProbeSpec((name,), name, ret=True, stack=True,
+                                                             sample_arg=ARG0)))
+        sites = [ProbeSite(at[name] or 0, probe) for name, probe in PROBES.items()]
+        assert sampler.attach_probes(str(program), sites) == {}
+        assert sampler.attach_probes(str(program), sites, ret=True) == {}
+        progs = {sampler.prog_fd(False), sampler.prog_fd(True)}
+        before = sum(bpf_sys.prog_runs(fd)[1] for fd in progs)
+        out, _ = proc.communicate("go\n", timeout=120)
+        runs = sum(bpf_sys.prog_runs(fd)[1] for fd in progs) - before
+        sampler.poll()
+        unsent = sampler.take_unsent_calls()
+        counters = sampler.counters()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(stats)
+        sampler.close()
+    assert proc.returncode == 0 and out.strip() == str(ROUNDS * 15), out
+    rt, tail, drv = PROBES["rt_launch"], PROBES["rt_tail"], PROBES["drv_launch"]
+    counted = Counter({(probe, arg): n for pid, probe, arg, n in unsent if pid == proc.pid})
+    assert counted == Counter({(rt, 1): ROUNDS, (drv, 2): ROUNDS, (drv, 3): ROUNDS, (tail, 4): ROUNDS}), counted
+    assert counters["uw_tailcall_fail"] == 4 * ROUNDS and counters["call_lost"] == 0, counters
+    assert not [r for r in records if isinstance(r, CallRecord | RetRecord)]
+    if sampler.uprobe_session:
+        assert runs == 6 * ROUNDS, runs  # entries only: no return kept
