@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(loop_ns(fn) for _ in range(reps))
 
     session = False if args.separate_return_probes else None
-    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, ringbuf_pages=8192, uprobe_session=session),
+    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, ringbuf_pages=8192, session_links=session),
                          lambda s: None, lambda e: None, lambda r: None)
     sampler.start([proc.pid])
     bare = BPF(text=BARE)

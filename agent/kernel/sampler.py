@@ -87,14 +87,15 @@ class SamplerConfig:
     off_cpu: bool = False
     # With probes: one uprobe session link per file for both directions, so that a call whose return is not
     # wanted (a launch counted without a record) costs one trap, not two. None: where the kernel has them (6.13+).
-    uprobe_session: bool | None = None
+    # What is asked; what is in effect is CpuSampler.uprobe_session.
+    session_links: bool | None = None
 
     @property
     def session(self) -> bool:
         """Whether runtime probes go in through uprobe session links (asking the kernel when not told)."""
         if not self.probes:
             return False
-        return uprobe_session_supported() if self.uprobe_session is None else self.uprobe_session
+        return uprobe_session_supported() if self.session_links is None else self.session_links
 
     @property
     def thinning(self) -> int:

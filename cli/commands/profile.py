@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     runtimes = not args.no_runtimes and not args.all  # probes stop a target at library opens: never host-wide
     sampler = SamplerConfig(frequency=args.frequency, event=args.event, follow_children=bool(command),
                             probes=runtimes, call_rate=args.launch_stacks, all_processes=args.all,
-                            off_cpu=args.off_cpu, uprobe_session=False if args.separate_return_probes else None)
+                            off_cpu=args.off_cpu, session_links=False if args.separate_return_probes else None)
     if args.print_bpf:
         print(bpf_source(sampler))
         return 0

@@ -55,7 +55,7 @@ def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Pat
     assert all(v is not None for v in at.values()) and len(at) == 3, at
     records: list[ProbeRecord] = []
     # 50 records a second per CPU (a burst of 64): nearly every launch is counted without a record
-    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, call_rate=50, uprobe_session=session),
+    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, call_rate=50, session_links=session),
                          lambda s: None, lambda e: None, records.append)
     proc = subprocess.Popen([str(program), str(ROUNDS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     stats = bpf_sys.enable_stats()

@@ -38,7 +38,7 @@ def _release() -> tuple[int, int]:
 def test_sites_share_one_link_and_a_bad_site_fails_alone(session: bool | None) -> None:
     offs = _offsets({"getpid", "getppid", "write"})
     assert len(offs) == 3
-    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, uprobe_session=session), lambda s: None,
+    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, session_links=session), lambda s: None,
                          lambda e: None, lambda r: None)
     try:
         sampler.start([])
