@@ -12,6 +12,8 @@ import os
 import struct
 import subprocess
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,29 +47,53 @@ def _bare_return_probe(path: Path, offsets: list[int]) -> tuple[int, int]:
     return prog, bpf_sys.link_uprobe_multi(prog, str(path), offsets, [0] * len(offsets), [0] * len(offsets), True)
 
 
-@pytest.mark.parametrize(("session", "other"), [(None, False), (False, False), (None, True)],
-                         ids=["default", "no-session", "another-return-probe"])
-def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Path, session: bool | None,
-                                                                     other: bool) -> None:
-    # Oracle: the program's structure; each round launches kernels 1-4 once, 1 and 4 through the runtime's call
+@dataclass
+class Rounds:
+    """What the probes saw of one run of the program: its records, the launches counted without one, the
+    programs' runs (entries and returns), the counters, and whether session links were in effect."""
+
+    pid: int
+    records: list[ProbeRecord]
+    unsent: list[tuple[int, int, int, int]]
+    runs: int
+    counters: dict[str, int]
+    session: bool
+
+    def counted(self) -> Counter[tuple[int, int]]:
+        """Launches per (probe, kernel): those carried by records and those counted without one."""
+        out: Counter[tuple[int, int]] = Counter()
+        for r in self.records:
+            if isinstance(r, CallRecord):
+                out[(r.probe, r.args[0])] += r.calls
+        for pid, probe, arg, n in self.unsent:
+            assert pid == self.pid
+            out[(probe, arg)] += n
+        return out
+
+
+def _offsets(program: Path) -> dict[str, int]:
     with ElfFile.open(program) as elf:
         at = {n: elf.vaddr_to_file_offset(a) for n, a in elf.function_addresses(set(PROBES)).items()}
     assert all(v is not None for v in at.values()) and len(at) == 3, at
+    return {n: v or 0 for n, v in at.items()}
+
+
+def _run_rounds(program: Path, config: SamplerConfig, stack: bool,
+                prepare: Callable[[CpuSampler, int], None] = lambda sampler, pid: None) -> Rounds:
+    """ROUNDS rounds of the program with the three launch functions probed (entries and returns, the kernel
+    as the launch's key); `prepare(sampler, pid)` runs once the sampler has started, before the probes."""
+    at = _offsets(program)
     records: list[ProbeRecord] = []
-    # 50 records a second per CPU (a burst of 64): nearly every launch is counted without a record
-    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, call_rate=50, session_links=session),
-                         lambda s: None, lambda e: None, records.append)
+    sampler = CpuSampler(config, lambda s: None, lambda e: None, records.append)
     proc = subprocess.Popen([str(program), str(ROUNDS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     stats = bpf_sys.enable_stats()
-    bare: tuple[int, int] | None = None
     try:
-        if other:
-            bare = _bare_return_probe(program, [at["rt_launch"] or 0, at["rt_tail"] or 0])
         sampler.start([proc.pid])
+        prepare(sampler, proc.pid)
         for name, probe in PROBES.items():
-            sampler.set_probe_spec(probe, spec_rec(ProbeSpec((name,), name, ret=True, stack=False,
+            sampler.set_probe_spec(probe, spec_rec(ProbeSpec((name,), name, ret=True, stack=stack,
                                                              sample_arg=ARG0)))
-        sites = [ProbeSite(at[name] or 0, probe) for name, probe in PROBES.items()]
+        sites = [ProbeSite(at[name], probe) for name, probe in PROBES.items()]
         assert sampler.attach_probes(str(program), sites) == {}
         assert sampler.attach_probes(str(program), sites, ret=True) == {}
         progs = {sampler.prog_fd(False), sampler.prog_fd(True)}
@@ -75,37 +101,61 @@ def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Pat
         out, _ = proc.communicate("go\n", timeout=120)
         runs = sum(bpf_sys.prog_runs(fd)[1] for fd in progs) - before
         sampler.poll()
-        unsent = sampler.take_unsent_calls()
-        counters = sampler.counters()
+        rounds = Rounds(proc.pid, records, sampler.take_unsent_calls(), runs, sampler.counters(),
+                        sampler.uprobe_session)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         os.close(stats)
-        for fd in bare or ():
-            os.close(fd)
         sampler.close()
     assert proc.returncode == 0 and out.strip() == str(ROUNDS * 15), out
-    assert counters["call_lost"] == 0, counters
-    counted: Counter[tuple[int, int]] = Counter()
-    for r in records:
-        if isinstance(r, CallRecord):
-            counted[(r.probe, r.args[0])] += r.calls
-    for pid, probe, arg, n in unsent:
-        assert pid == proc.pid
-        counted[(probe, arg)] += n
-    rt, tail, drv = PROBES["rt_launch"], PROBES["rt_tail"], PROBES["drv_launch"]
-    # the driver's launches inside rt_launch (kernel 1) and rt_tail (kernel 4) are theirs, not counted again
-    assert counted == Counter({(rt, 1): ROUNDS, (drv, 2): ROUNDS, (drv, 3): ROUNDS, (tail, 4): ROUNDS}), counted
-    rets = sum(isinstance(r, RetRecord) for r in records)
-    calls = sum(isinstance(r, CallRecord) for r in records)
+    return rounds
+
+
+# the driver's launches inside rt_launch (kernel 1) and rt_tail (kernel 4) are theirs, not counted again
+EACH_ONCE = Counter({(PROBES["rt_launch"], 1): ROUNDS, (PROBES["drv_launch"], 2): ROUNDS,
+                     (PROBES["drv_launch"], 3): ROUNDS, (PROBES["rt_tail"], 4): ROUNDS})
+
+
+@pytest.mark.parametrize(("session", "other"), [(None, False), (False, False), (None, True)],
+                         ids=["default", "no-session", "another-return-probe"])
+def test_nested_launches_count_once_and_skipped_returns_cost_no_run(program: Path, session: bool | None,
+                                                                     other: bool) -> None:
+    # Oracle: the program's structure; each round launches kernels 1-4 once, 1 and 4 through the runtime's call
+    at = _offsets(program)
+    bare = _bare_return_probe(program, [at["rt_launch"], at["rt_tail"]]) if other else ()
+    try:
+        # 50 records a second per CPU (a burst of 64): nearly every launch is counted without a record
+        r = _run_rounds(program, SamplerConfig(probes=True, frequency=1, call_rate=50, session_links=session),
+                        stack=False)
+    finally:
+        for fd in bare:
+            os.close(fd)
+    assert r.counters["call_lost"] == 0, r.counters
+    assert r.counted() == EACH_ONCE, r.counted()
+    rets = sum(isinstance(x, RetRecord) for x in r.records)
+    calls = sum(isinstance(x, CallRecord) for x in r.records)
     assert 0 < calls < 0.05 * 4 * ROUNDS and rets == calls, (calls, rets)  # each record its return
     entries = 6 * ROUNDS  # each round enters four launches and the two driver launches inside runtime ones
-    if sampler.uprobe_session:
+    if r.session:
         # a return runs the program only for the launches sent with a record: one run per launch counted
-        assert runs == entries + rets, (runs, entries, rets)
+        assert r.runs == entries + rets, (r.runs, entries, rets)
     else:
-        assert runs == 2 * entries, (runs, entries)  # on_ret runs at every return
+        assert r.runs == 2 * entries, (r.runs, entries)  # on_ret runs at every return
+
+
+def _fail_the_finish(walked: bool) -> Callable[[CpuSampler, int], None]:
+    def prepare(sampler: CpuSampler, pid: int) -> None:
+        if walked:
+            snap = ProcessTable().read(pid, 0)
+            assert snap is not None
+            sampler.set_mappings(pid, snap.mappings)
+        # no other way to make a tail call fail: the prog array is the sampler's own
+        obj = sampler._obj  # noqa: SLF001
+        finish = UW_PROGS["uw_call_progs"].index("call_finish")
+        assert obj is not None and obj.maps["uw_call_progs"].delete(struct.pack("<I", finish))
+    return prepare
 
 
 @pytest.mark.parametrize("walked", [False, True], ids=["entry", "walk"])
@@ -115,48 +165,10 @@ def test_a_walk_that_cannot_finish_keeps_its_launches_counted_and_no_return(prog
     # launches are counted on without records (none lost, the launches an earlier record would have carried
     # kept too), and no return is kept for calls that have no record. `walked`: the process has CFI tables, so
     # the failure is in the walk's step program; else in the entry's own program.
-    with ElfFile.open(program) as elf:
-        at = {n: elf.vaddr_to_file_offset(a) for n, a in elf.function_addresses(set(PROBES)).items()}
-    assert all(v is not None for v in at.values()) and len(at) == 3, at
-    records: list[ProbeRecord] = []
-    sampler = CpuSampler(SamplerConfig(probes=True, frequency=1, call_rate=1_000_000), lambda s: None,
-                         lambda e: None, records.append)
-    proc = subprocess.Popen([str(program), str(ROUNDS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    stats = bpf_sys.enable_stats()
-    try:
-        sampler.start([proc.pid])
-        if walked:
-            snap = ProcessTable().read(proc.pid, 0)
-            assert snap is not None
-            sampler.set_mappings(proc.pid, snap.mappings)
-        # no other way to make a tail call fail: the prog array is the sampler's own
-        obj = sampler._obj  # noqa: SLF001
-        finish = UW_PROGS["uw_call_progs"].index("call_finish")
-        assert obj is not None and obj.maps["uw_call_progs"].delete(struct.pack("<I", finish))
-        for name, probe in PROBES.items():
-            sampler.set_probe_spec(probe, spec_rec(ProbeSpec((name,), name, ret=True, stack=True,
-                                                             sample_arg=ARG0)))
-        sites = [ProbeSite(at[name] or 0, probe) for name, probe in PROBES.items()]
-        assert sampler.attach_probes(str(program), sites) == {}
-        assert sampler.attach_probes(str(program), sites, ret=True) == {}
-        progs = {sampler.prog_fd(False), sampler.prog_fd(True)}
-        before = sum(bpf_sys.prog_runs(fd)[1] for fd in progs)
-        out, _ = proc.communicate("go\n", timeout=120)
-        runs = sum(bpf_sys.prog_runs(fd)[1] for fd in progs) - before
-        sampler.poll()
-        unsent = sampler.take_unsent_calls()
-        counters = sampler.counters()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(stats)
-        sampler.close()
-    assert proc.returncode == 0 and out.strip() == str(ROUNDS * 15), out
-    rt, tail, drv = PROBES["rt_launch"], PROBES["rt_tail"], PROBES["drv_launch"]
-    counted = Counter({(probe, arg): n for pid, probe, arg, n in unsent if pid == proc.pid})
-    assert counted == Counter({(rt, 1): ROUNDS, (drv, 2): ROUNDS, (drv, 3): ROUNDS, (tail, 4): ROUNDS}), counted
-    assert counters["uw_tailcall_fail"] == 4 * ROUNDS and counters["call_lost"] == 0, counters
-    assert not [r for r in records if isinstance(r, CallRecord | RetRecord)]
-    if sampler.uprobe_session:
-        assert runs == 6 * ROUNDS, runs  # entries only: no return kept
+    r = _run_rounds(program, SamplerConfig(probes=True, frequency=1, call_rate=1_000_000), stack=True,
+                    prepare=_fail_the_finish(walked))
+    assert r.counted() == EACH_ONCE, r.counted()
+    assert r.counters["uw_tailcall_fail"] == 4 * ROUNDS and r.counters["call_lost"] == 0, r.counters
+    assert not [x for x in r.records if isinstance(x, CallRecord | RetRecord)]
+    if r.session:
+        assert r.runs == 6 * ROUNDS, r.runs  # entries only: no return kept
