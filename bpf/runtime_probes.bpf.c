@@ -238,33 +238,32 @@ static __always_inline u32 call_user_words(struct call_rec *rec) {
 }
 
 /* A call whose record does not go out (no room in the ring, or a tail call of its walk did not happen): a launch
- * is counted on, carried by its key's next record (with the launches that record carried), and its return is not
- * sent either; any other call is lost. Returns `ret`, or SKIP_RET for a launch whose return is now unwanted. */
-static __always_inline int call_unsent(struct call_rec *rec, struct probe_spec *spec, int ret) {
+ * is counted on, carried by its key's next record (with the launches this one carried); any other call is lost.
+ * Either way its return is not wanted: there is no call to pair it with. Returns SKIP_RET (with separate return
+ * probes on_ret runs anyway: it sends nothing for a launch marked here, and a lost call's return pairs with no
+ * open call unless one of the same probe is open in the thread). */
+static __always_inline int call_unsent(struct call_rec *rec, struct probe_spec *spec) {
     if (!(spec->flags & PROBE_SAMPLE)) {
         count(CNT_CALL_LOST);
-        return ret;
+        return SKIP_RET;
     }
     struct sample_key key = {rec->pid, rec->probe, rec->args[spec->sample_arg & 7]};
     count_unsent(&key, rec->calls);
     u32 tid = rec->tid;
     struct launch_in *in = spec->flags & PROBE_RET ? in_launch.lookup(&tid) : NULL;
-    if (in && in->probe == rec->probe) {
+    if (in && in->probe == rec->probe)
         in->flags |= LAUNCH_SKIPPED;
-        ret = SKIP_RET;
-    }
     count(CNT_CALL_SKIPPED);
-    return ret;
+    return SKIP_RET;
 }
 
-/* What the entry answers when a tail call of its walk did not happen (walk.h's KIND_unfinished): the call as
- * unsent, its return kept only for a probe that has one. */
+/* What the entry answers when a tail call of its walk did not happen (walk.h's KIND_unfinished). */
 static __always_inline int call_unfinished(struct call_rec *rec) {
     u32 probe = rec->probe;
     struct probe_spec *spec = probe_specs.lookup(&probe);
     if (!spec)
-        return SKIP_RET;
-    return call_unsent(rec, spec, spec->flags & PROBE_RET ? KEEP_RET : SKIP_RET);
+        return KEEP_RET; /* cannot happen (the entry found it); its return clears any in_launch entry */
+    return call_unsent(rec, spec);
 }
 
 /* After the caller's user stack (when `stack`: the probe has PROBE_STACK): its Python frames, the out-pointer to
@@ -299,7 +298,7 @@ static __always_inline int finish_call(struct pt_regs *ctx, struct call_rec *rec
     }
     if (events.ringbuf_output(rec, size, BPF_RB_NO_WAKEUP) == 0)
         return ret;
-    return call_unsent(rec, spec, ret);
+    return call_unsent(rec, spec);
 }
 
 /* A call's entry. The probe id is the attach cookie the agent gave this uprobe (agent/uprobes.py attaches with
@@ -428,7 +427,7 @@ static __always_inline int call_entry(struct pt_regs *ctx) {
          * Python walker once (in call_finish), not also in this program (a start-up cost) */
         uw_call_progs.call(ctx, UW_PROG_FINISH);
         count(CNT_UW_TAILCALL_FAIL);
-        return call_unsent(rec, spec, spec->flags & PROBE_RET ? KEEP_RET : SKIP_RET);
+        return call_unsent(rec, spec);
     }
     return finish_call(ctx, rec, spec, 0);
 }

@@ -593,10 +593,12 @@ static __always_inline int uw_scan_ra(u32 pid, struct uw_state *st) {
  * uw_KIND_scan (walks that may scan: not launch stacks) looks for a return address past code without CFI and
  * steps on from it. */
 #define UW_WALK_DONE(KIND, ctx, rec, st)                                                     \
-    KIND##_walked(rec, st);                                                                  \
-    KIND##_tail(ctx, UW_PROG_FINISH);                                                        \
-    count(CNT_UW_TAILCALL_FAIL); /* reached only when the tail call did not happen */        \
-    return KIND##_unfinished(rec)
+    do {                                                                                     \
+        KIND##_walked(rec, st);                                                              \
+        KIND##_tail(ctx, UW_PROG_FINISH);                                                    \
+        count(CNT_UW_TAILCALL_FAIL); /* reached only when the tail call did not happen */    \
+        return KIND##_unfinished(rec);                                                       \
+    } while (0)
 
 #define UW_STEP_PROGRAM(KIND, CTX, REC)                                                      \
     int uw_##KIND##_step(CTX *ctx) {                                                         \

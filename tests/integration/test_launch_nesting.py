@@ -78,10 +78,11 @@ def _offsets(program: Path) -> dict[str, int]:
     return {n: v or 0 for n, v in at.items()}
 
 
-def _run_rounds(program: Path, config: SamplerConfig, stack: bool,
+def _run_rounds(program: Path, config: SamplerConfig, stack: bool, launches: bool = True,
                 prepare: Callable[[CpuSampler, int], None] = lambda sampler, pid: None) -> Rounds:
-    """ROUNDS rounds of the program with the three launch functions probed (entries and returns, the kernel
-    as the launch's key); `prepare(sampler, pid)` runs once the sampler has started, before the probes."""
+    """ROUNDS rounds of the program with the three launch functions probed (entries and returns; `launches`:
+    as launches, the kernel the launch's key, else as plain calls); `prepare(sampler, pid)` runs once the
+    sampler has started, before the probes."""
     at = _offsets(program)
     records: list[ProbeRecord] = []
     sampler = CpuSampler(config, lambda s: None, lambda e: None, records.append)
@@ -92,7 +93,7 @@ def _run_rounds(program: Path, config: SamplerConfig, stack: bool,
         prepare(sampler, proc.pid)
         for name, probe in PROBES.items():
             sampler.set_probe_spec(probe, spec_rec(ProbeSpec((name,), name, ret=True, stack=stack,
-                                                             sample_arg=ARG0)))
+                                                             sample_arg=ARG0 if launches else -1)))
         sites = [ProbeSite(at[name], probe) for name, probe in PROBES.items()]
         assert sampler.attach_probes(str(program), sites) == {}
         assert sampler.attach_probes(str(program), sites, ret=True) == {}
@@ -158,17 +159,30 @@ def _fail_the_finish(walked: bool) -> Callable[[CpuSampler, int], None]:
     return prepare
 
 
-@pytest.mark.parametrize("walked", [False, True], ids=["entry", "walk"])
-def test_a_walk_that_cannot_finish_keeps_its_launches_counted_and_no_return(program: Path, walked: bool) -> None:
-    # Oracle: the program's structure; each round launches kernels 1-4 once, 1 and 4 through the runtime's call.
-    # The walk's finish program is taken out of its prog array, so every launch's tail call to it fails: the
-    # launches are counted on without records (none lost, the launches an earlier record would have carried
-    # kept too), and no return is kept for calls that have no record. `walked`: the process has CFI tables, so
-    # the failure is in the walk's step program; else in the entry's own program.
-    r = _run_rounds(program, SamplerConfig(probes=True, frequency=1, call_rate=1_000_000), stack=True,
-                    prepare=_fail_the_finish(walked))
-    assert r.counted() == EACH_ONCE, r.counted()
-    assert r.counters["uw_tailcall_fail"] == 4 * ROUNDS and r.counters["call_lost"] == 0, r.counters
-    assert not [x for x in r.records if isinstance(x, CallRecord | RetRecord)]
+@pytest.mark.parametrize(("walked", "session", "launches"),
+                         [(False, None, True), (True, None, True), (True, False, True), (True, None, False)],
+                         ids=["entry", "walk", "walk-no-session", "walk-plain-calls"])
+def test_a_walk_that_cannot_finish_keeps_its_launches_counted_and_no_return(program: Path, walked: bool,
+                                                                            session: bool | None,
+                                                                            launches: bool) -> None:
+    # Oracle: the program's structure; each round launches kernels 1-4 once, 1 and 4 through the runtime's call
+    # (six calls of the three functions). The walk's finish program is taken out of its prog array, so every
+    # call's tail call to it fails: launches are counted on without records (none lost, the launches an earlier
+    # record would have carried kept too), plain calls are counted lost, and no return is kept for a call that
+    # has no record. `walked`: the process has CFI tables, so the failure is in the walk's step program; else in
+    # the entry's own program.
+    config = SamplerConfig(probes=True, frequency=1, call_rate=0, session_links=session)  # 0: no record budget
+    r = _run_rounds(program, config, stack=True, launches=launches, prepare=_fail_the_finish(walked))
+    entries = 6 * ROUNDS
+    if launches:
+        assert r.counted() == EACH_ONCE, r.counted()
+        assert r.counters["uw_tailcall_fail"] == 4 * ROUNDS and r.counters["call_lost"] == 0, r.counters
+    else:
+        assert r.counters["uw_tailcall_fail"] == entries and r.counters["call_lost"] == entries, r.counters
+    # no call has a record, nor a return (a plain call's return still goes out with separate return probes)
+    assert not [x for x in r.records if isinstance(x, CallRecord)]
+    assert not [x for x in r.records if isinstance(x, RetRecord)] or not (launches or r.session)
     if r.session:
-        assert r.runs == 6 * ROUNDS, r.runs  # entries only: no return kept
+        assert r.runs == entries, r.runs  # entries only: no return kept
+    else:
+        assert r.runs == 2 * entries, r.runs  # on_ret runs at every return
